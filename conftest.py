@@ -1,0 +1,52 @@
+"""Fixtures every test of the workspace gets: a test must not leak state into the next one.
+
+A test that leaves an environment variable changed, a process group alive, or a
+PartialState behind fails (the state is reset for the next test either way).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU; none is visible on this machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _no_leaks():
+    before = dict(os.environ)
+    yield
+    problems = []
+    after = dict(os.environ)
+    changed = sorted(
+        k
+        for k in set(before) | set(after)
+        if before.get(k) != after.get(k) and k != "PYTEST_CURRENT_TEST"
+    )
+    if changed:
+        problems.append(f"environment variables changed: {changed}")
+        os.environ.clear()
+        os.environ.update(before)
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        problems.append("a process group was left initialized")
+        dist.destroy_process_group()
+    try:
+        from accel_state import PartialState
+    except ImportError:  # a package installed alone, without accel-state
+        PartialState = None
+    if PartialState is not None and PartialState._topology is not None:
+        PartialState._reset_state()
+    if problems:
+        pytest.fail("test leaked state: " + "; ".join(problems))

@@ -1,0 +1,86 @@
+"""accel-state: who am I. Process topology, device, process group, collectives, seeding.
+
+Importing this package does nothing: the environment is read and the process group created
+when the first `PartialState()` is made.
+"""
+
+from accel_state._control import ProcessControl, split_range
+from accel_state._enums import (
+    DistributedType,
+    LoggerType,
+    PrecisionType,
+    ReduceOp,
+    RNGType,
+)
+from accel_state._environment import LaunchInfo, detect_launch, first_slurm_host
+from accel_state._ops import (
+    broadcast,
+    broadcast_object_list,
+    concatenate,
+    find_batch_size,
+    gather,
+    gather_object,
+    honor_type,
+    is_namedtuple,
+    is_torch_tensor,
+    pad_across_processes,
+    recursively_apply,
+    reduce,
+    send_to_device,
+)
+from accel_state._random import set_seed, synchronize_rng_state, synchronize_rng_states
+from accel_state._shortcuts import (
+    on_last_process,
+    on_local_main_process,
+    on_main_process,
+    on_process,
+    wait_for_everyone,
+)
+from accel_state._state import (
+    InitProcessGroupKwargs,
+    PartialState,
+    Topology,
+    available_backends,
+    resolved_launch_config,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DistributedType",
+    "InitProcessGroupKwargs",
+    "LaunchInfo",
+    "LoggerType",
+    "PartialState",
+    "PrecisionType",
+    "ProcessControl",
+    "RNGType",
+    "ReduceOp",
+    "Topology",
+    "available_backends",
+    "broadcast",
+    "broadcast_object_list",
+    "concatenate",
+    "detect_launch",
+    "find_batch_size",
+    "first_slurm_host",
+    "gather",
+    "gather_object",
+    "honor_type",
+    "is_namedtuple",
+    "is_torch_tensor",
+    "on_last_process",
+    "on_local_main_process",
+    "on_main_process",
+    "on_process",
+    "pad_across_processes",
+    "recursively_apply",
+    "reduce",
+    "resolved_launch_config",
+    "send_to_device",
+    "set_seed",
+    "split_range",
+    "synchronize_rng_state",
+    "synchronize_rng_states",
+    "wait_for_everyone",
+]

@@ -1,0 +1,161 @@
+"""Reading the launcher's environment: the one place accel-state looks at os.environ.
+
+Each launcher (torchrun / torchelastic, SLURM, Open MPI, MPICH / Intel MPI) describes the
+process topology with its own variables. `detect_launch(environ)` turns any of them into one
+`LaunchInfo`. It is a pure function of the mapping it is given, so it is tested with plain dicts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+
+# torchrun / torchelastic
+ENV_RANK = "RANK"
+ENV_WORLD_SIZE = "WORLD_SIZE"
+ENV_LOCAL_RANK = "LOCAL_RANK"
+ENV_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+ENV_GROUP_RANK = "GROUP_RANK"
+ENV_MASTER_ADDR = "MASTER_ADDR"
+ENV_MASTER_PORT = "MASTER_PORT"
+# SLURM (srun)
+ENV_SLURM_PROCID = "SLURM_PROCID"
+ENV_SLURM_NTASKS = "SLURM_NTASKS"
+ENV_SLURM_LOCALID = "SLURM_LOCALID"
+ENV_SLURM_NTASKS_PER_NODE = "SLURM_NTASKS_PER_NODE"
+ENV_SLURM_NODEID = "SLURM_NODEID"
+ENV_SLURM_NODELIST = "SLURM_JOB_NODELIST"
+ENV_SLURM_NODELIST_OLD = "SLURM_NODELIST"
+ENV_SLURM_JOB_ID = "SLURM_JOB_ID"
+# Open MPI
+ENV_OMPI_RANK = "OMPI_COMM_WORLD_RANK"
+ENV_OMPI_SIZE = "OMPI_COMM_WORLD_SIZE"
+ENV_OMPI_LOCAL_RANK = "OMPI_COMM_WORLD_LOCAL_RANK"
+ENV_OMPI_LOCAL_SIZE = "OMPI_COMM_WORLD_LOCAL_SIZE"
+# MPICH / Intel MPI (Hydra process manager)
+ENV_PMI_RANK = "PMI_RANK"
+ENV_PMI_SIZE = "PMI_SIZE"
+ENV_MPI_LOCALRANKID = "MPI_LOCALRANKID"
+ENV_MPI_LOCALNRANKS = "MPI_LOCALNRANKS"
+# MVAPICH
+ENV_MV2_RANK = "MV2_COMM_WORLD_RANK"
+ENV_MV2_SIZE = "MV2_COMM_WORLD_SIZE"
+ENV_MV2_LOCAL_RANK = "MV2_COMM_WORLD_LOCAL_RANK"
+
+# The resolved configuration that `accel launch` hands to its workers (a JSON document).
+ENV_ACCEL_CONFIG = "ACCEL_LAUNCH_CONFIG"
+
+DEFAULT_MASTER_PORT = 29500
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchInfo:
+    """Where this process sits, as the launcher described it."""
+
+    launcher: str  # "torchrun", "slurm", "openmpi", "mpich", "mvapich" or "none"
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
+
+
+def _int(environ: Mapping[str, str], name: str, default: int | None = None) -> int | None:
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(
+            f"Environment variable {name}={raw!r} is not an integer. The launcher sets it to a "
+            f"number; unset it or fix the launch command."
+        ) from None
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """Return the first host of a SLURM node list such as ``gpu[003-006,009],cpu01``."""
+    match = re.match(r"([^,\[]+)(\[([^\]]+)\])?", nodelist.strip())
+    if not match:
+        raise ValueError(f"Cannot parse the SLURM node list {nodelist!r}.")
+    prefix, _, ranges = match.groups()
+    if not ranges:
+        return prefix
+    first = ranges.split(",")[0].split("-")[0]
+    return f"{prefix}{first}"
+
+
+def _master(environ: Mapping[str, str]) -> tuple[str | None, int | None]:
+    return environ.get(ENV_MASTER_ADDR) or None, _int(environ, ENV_MASTER_PORT)
+
+
+def detect_launch(environ: Mapping[str, str] | None = None) -> LaunchInfo:
+    """Describe the process topology from the environment of a known launcher.
+
+    torchrun's variables win over SLURM's (torchrun started inside an allocation), and SLURM's
+    over MPI's. With no launcher variables the process is alone.
+    """
+    env = os.environ if environ is None else environ
+    addr, port = _master(env)
+    if ENV_RANK in env and ENV_WORLD_SIZE in env:
+        world = _int(env, ENV_WORLD_SIZE)
+        local_world = _int(env, ENV_LOCAL_WORLD_SIZE, world)
+        return LaunchInfo(
+            launcher="torchrun",
+            rank=_int(env, ENV_RANK),
+            world_size=world,
+            local_rank=_int(env, ENV_LOCAL_RANK, 0),
+            local_world_size=local_world,
+            node_rank=_int(env, ENV_GROUP_RANK, 0),
+            master_addr=addr,
+            master_port=port,
+        )
+    if ENV_SLURM_PROCID in env and ENV_SLURM_NTASKS in env:
+        nodelist = env.get(ENV_SLURM_NODELIST) or env.get(ENV_SLURM_NODELIST_OLD)
+        if addr is None and nodelist:
+            addr = first_slurm_host(nodelist)
+        if port is None and ENV_SLURM_JOB_ID in env:
+            # Every task of the job derives the same port from the job id.
+            port = 15000 + _int(env, ENV_SLURM_JOB_ID) % 20000
+        per_node = env.get(ENV_SLURM_NTASKS_PER_NODE, "")
+        local_world = int(per_node.split("(")[0]) if per_node[:1].isdigit() else 1
+        return LaunchInfo(
+            launcher="slurm",
+            rank=_int(env, ENV_SLURM_PROCID),
+            world_size=_int(env, ENV_SLURM_NTASKS),
+            local_rank=_int(env, ENV_SLURM_LOCALID, 0),
+            local_world_size=local_world,
+            node_rank=_int(env, ENV_SLURM_NODEID, 0),
+            master_addr=addr,
+            master_port=port,
+        )
+    for launcher, rank_v, size_v, local_v, local_size_v in (
+        ("openmpi", ENV_OMPI_RANK, ENV_OMPI_SIZE, ENV_OMPI_LOCAL_RANK, ENV_OMPI_LOCAL_SIZE),
+        ("mvapich", ENV_MV2_RANK, ENV_MV2_SIZE, ENV_MV2_LOCAL_RANK, None),
+        ("mpich", ENV_PMI_RANK, ENV_PMI_SIZE, ENV_MPI_LOCALRANKID, ENV_MPI_LOCALNRANKS),
+    ):
+        if rank_v in env and size_v in env:
+            world = _int(env, size_v)
+            local_rank = _int(env, local_v, 0)
+            local_world = _int(env, local_size_v, 1) if local_size_v else 1
+            return LaunchInfo(
+                launcher=launcher,
+                rank=_int(env, rank_v),
+                world_size=world,
+                local_rank=local_rank,
+                local_world_size=local_world,
+                node_rank=_int(env, rank_v) // max(local_world, 1),
+                master_addr=addr,
+                master_port=port,
+            )
+    return LaunchInfo(launcher="none", master_addr=addr, master_port=port)
+
+
+def launch_config(environ: Mapping[str, str] | None = None) -> str | None:
+    """The JSON configuration handed down by `accel launch`, if any."""
+    env = os.environ if environ is None else environ
+    return env.get(ENV_ACCEL_CONFIG) or None

@@ -1,0 +1,259 @@
+"""Collectives over nested data (lists, tuples, namedtuples, dicts, dataclasses of tensors).
+
+Non-tensor leaves pass through untouched. Every collective returns its input unchanged when
+there is no process group or only one process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+
+def is_torch_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor)
+
+
+def is_namedtuple(value: Any) -> bool:
+    return isinstance(value, tuple) and hasattr(value, "_fields")
+
+
+def honor_type(like: Any, items: Any) -> Any:
+    """Build a sequence of the same type as `like` (namedtuples included) from `items`."""
+    if is_namedtuple(like):
+        return type(like)(*list(items))
+    return type(like)(items)
+
+
+def _rebuild_mapping(like: Mapping, items: dict) -> Any:
+    try:
+        return type(like)(items)
+    except TypeError:
+        return items
+
+
+def recursively_apply(
+    func: Callable[..., Any],
+    data: Any,
+    *args: Any,
+    test_type: Callable[[Any], bool] = is_torch_tensor,
+    error_on_other_type: bool = False,
+    **kwargs: Any,
+) -> Any:
+    """Apply `func` to every leaf of `data` that passes `test_type`, keeping the structure."""
+
+    def apply(obj: Any) -> Any:
+        if test_type(obj):
+            return func(obj, *args, **kwargs)
+        if isinstance(obj, (list, tuple)):
+            return honor_type(obj, (apply(o) for o in obj))
+        if isinstance(obj, Mapping):
+            return _rebuild_mapping(obj, {k: apply(v) for k, v in obj.items()})
+        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            fields = {f.name: apply(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
+            return type(obj)(**fields)
+        if error_on_other_type:
+            raise TypeError(
+                f"Cannot apply {getattr(func, '__name__', func)} to {type(obj).__name__}: only "
+                f"nested lists, tuples, dicts and dataclasses of tensors are supported."
+            )
+        return obj
+
+    return apply(data)
+
+
+def _leaves(data: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    recursively_apply(found.append, data)
+    return found
+
+
+def send_to_device(
+    tensor: Any,
+    device: torch.device | str | int,
+    non_blocking: bool = False,
+    skip_keys: str | Sequence[str] | None = None,
+) -> Any:
+    """Move every tensor of a nested structure to `device` (dict keys in `skip_keys` stay)."""
+    if isinstance(skip_keys, str):
+        skip_keys = [skip_keys]
+    skip = set(skip_keys or ())
+
+    def move(obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            return obj.to(device, non_blocking=non_blocking)
+        if isinstance(obj, (list, tuple)):
+            return honor_type(obj, (move(o) for o in obj))
+        if isinstance(obj, Mapping):
+            return _rebuild_mapping(obj, {k: (v if k in skip else move(v)) for k, v in obj.items()})
+        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            return type(obj)(
+                **{f.name: move(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
+            )
+        to = getattr(obj, "to", None)
+        if callable(to):  # objects such as tokenizer outputs know how to move themselves
+            try:
+                return to(device, non_blocking=non_blocking)
+            except TypeError:
+                return to(device)
+        return obj
+
+    return move(tensor)
+
+
+def _world() -> int:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return 1
+
+
+def _gather_one(tensor: torch.Tensor) -> torch.Tensor:
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    if tensor.ndim == 0:
+        tensor = tensor[None]
+    if not tensor.is_contiguous():
+        tensor = tensor.contiguous()
+    sizes = torch.tensor(tensor.shape, device=tensor.device, dtype=torch.long)
+    all_sizes = [torch.empty_like(sizes) for _ in range(world)]
+    dist.all_gather(all_sizes, sizes)
+    shapes = [tuple(s.tolist()) for s in all_sizes]
+    if any(s[1:] != shapes[0][1:] for s in shapes):
+        raise ValueError(
+            f"gather: ranks hold tensors whose dimensions after the first differ: {shapes}. Only "
+            f"the first dimension may vary; pad the others with pad_across_processes(dim=...)."
+        )
+    longest = max(s[0] for s in shapes)
+    if tensor.shape[0] < longest:
+        pad = tensor.new_zeros((longest - tensor.shape[0], *tensor.shape[1:]))
+        tensor = torch.cat([tensor, pad])
+    out = [torch.empty_like(tensor) for _ in range(world)]
+    dist.all_gather(out, tensor)
+    return torch.cat([o[: s[0]] for o, s in zip(out, shapes)])
+
+
+def gather(tensor: Any) -> Any:
+    """Concatenate each tensor across processes along the first dimension.
+
+    Tensors whose first dimension differs between ranks are padded for the exchange and
+    trimmed back, so the result holds exactly every rank's rows in rank order.
+    """
+    if _world() == 1:
+        return tensor
+    return recursively_apply(_gather_one, tensor, error_on_other_type=False)
+
+
+def gather_object(obj: Any) -> list[Any]:
+    """Gather picklable objects: lists and tuples are concatenated, anything else is listed."""
+    import torch.distributed as dist
+
+    if _world() == 1:
+        return list(obj) if isinstance(obj, (list, tuple)) else [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    if isinstance(obj, (list, tuple)):
+        return [item for part in out for item in part]
+    return out
+
+
+def broadcast(tensor: Any, from_process: int = 0) -> Any:
+    """Send each tensor of `from_process` to every process (in place; returned too)."""
+    import torch.distributed as dist
+
+    if _world() == 1:
+        return tensor
+
+    def one(t: torch.Tensor) -> torch.Tensor:
+        dist.broadcast(t, src=from_process)
+        return t
+
+    return recursively_apply(one, tensor)
+
+
+def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
+    """Replace the items of `object_list` by those of `from_process`, in place."""
+    import torch.distributed as dist
+
+    if _world() == 1:
+        return object_list
+    dist.broadcast_object_list(object_list, src=from_process)
+    return object_list
+
+
+def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
+    """Sum or average each tensor across processes; returns new tensors, inputs are untouched."""
+    import torch.distributed as dist
+
+    if reduction not in ("sum", "mean", "none"):
+        raise ValueError(f"reduction={reduction!r}: expected 'sum', 'mean' or 'none'.")
+    world = _world()
+
+    def one(t: torch.Tensor) -> torch.Tensor:
+        out = t.clone()
+        if world > 1 and reduction != "none":
+            dist.all_reduce(out, op=dist.ReduceOp.SUM)
+            if reduction == "mean":
+                out = out / world if not out.is_floating_point() else out.div_(world)
+        return out * scale if scale != 1.0 else out
+
+    return recursively_apply(one, tensor)
+
+
+def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+    """Pad each tensor along `dim` to the largest size any process holds."""
+    import torch.distributed as dist
+
+    if _world() == 1:
+        return tensor
+
+    def one(t: torch.Tensor) -> torch.Tensor:
+        if t.ndim == 0 or dim >= t.ndim or dim < -t.ndim:
+            return t
+        axis = dim % t.ndim
+        size = torch.tensor([t.shape[axis]], device=t.device)
+        sizes = [torch.empty_like(size) for _ in range(dist.get_world_size())]
+        dist.all_gather(sizes, size)
+        longest = max(int(s.item()) for s in sizes)
+        if longest == t.shape[axis]:
+            return t
+        shape = list(t.shape)
+        shape[axis] = longest
+        out = t.new_full(shape, pad_index)
+        start = longest - t.shape[axis] if pad_first else 0
+        index = [slice(None)] * t.ndim
+        index[axis] = slice(start, start + t.shape[axis])
+        out[tuple(index)] = t
+        return out
+
+    return recursively_apply(one, tensor)
+
+
+def concatenate(data: Sequence[Any], dim: int = 0) -> Any:
+    """Concatenate a list of structures with the same shape, leaf by leaf."""
+    if not data:
+        raise ValueError("concatenate needs at least one structure.")
+    first = data[0]
+    if isinstance(first, (list, tuple)):
+        return honor_type(first, (concatenate([d[i] for d in data], dim) for i in range(len(first))))
+    if isinstance(first, Mapping):
+        return _rebuild_mapping(first, {k: concatenate([d[k] for d in data], dim) for k in first})
+    if isinstance(first, torch.Tensor):
+        return torch.cat(list(data), dim=dim)
+    raise TypeError(
+        f"concatenate takes nested lists, tuples and dicts of tensors; got {type(first).__name__}."
+    )
+
+
+def find_batch_size(data: Any) -> int | None:
+    """The first dimension of the first tensor found in `data` (None if there is none)."""
+    leaves = _leaves(data)
+    for leaf in leaves:
+        if leaf.ndim > 0:
+            return int(leaf.shape[0])
+    return None

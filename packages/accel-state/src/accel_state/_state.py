@@ -1,0 +1,356 @@
+"""`PartialState`: the process topology, built once per process and immutable afterwards."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import functools
+import json
+import warnings
+from typing import Any, ClassVar
+
+import torch
+
+from accel_state._control import ProcessControl
+from accel_state._enums import MULTI_DEVICE_TYPES, DistributedType
+from accel_state._environment import (
+    DEFAULT_MASTER_PORT,
+    ENV_ACCEL_CONFIG,
+    LaunchInfo,
+    detect_launch,
+    launch_config,
+)
+
+_KNOWN_BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl", "hccl", "cncl", "mccl")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class InitProcessGroupKwargs:
+    """Arguments for creating the process group.
+
+    `timeout` accepts a `datetime.timedelta` or a number of seconds.
+    """
+
+    backend: str | None = None
+    init_method: str | None = None
+    timeout: datetime.timedelta | float | None = None
+
+    def __post_init__(self) -> None:
+        if self.timeout is not None and not isinstance(self.timeout, datetime.timedelta):
+            if not isinstance(self.timeout, (int, float)) or self.timeout <= 0:
+                raise ValueError(
+                    f"InitProcessGroupKwargs.timeout={self.timeout!r}: expected a positive number "
+                    f"of seconds or a datetime.timedelta."
+                )
+            object.__setattr__(self, "timeout", datetime.timedelta(seconds=self.timeout))
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """Everything PartialState knows, as one immutable record."""
+
+    launcher: str
+    process_index: int
+    num_processes: int
+    local_process_index: int
+    local_num_processes: int
+    node_rank: int
+    device: torch.device
+    backend: str | None
+    distributed_type: DistributedType
+
+
+@functools.cache
+def resolved_launch_config() -> dict[str, Any]:
+    """The configuration `accel launch` resolved for this worker ({} outside `accel launch`)."""
+    raw = launch_config()
+    if raw is None:
+        return {}
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"{ENV_ACCEL_CONFIG} does not hold valid JSON ({err}). It is written by `accel launch`; "
+            f"unset it when starting the script another way."
+        ) from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{ENV_ACCEL_CONFIG} must hold a JSON object, got {type(value).__name__}.")
+    return value
+
+
+def available_backends() -> list[str]:
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return []
+    return [b for b in _KNOWN_BACKENDS if _backend_available(b)]
+
+
+def _backend_available(name: str) -> bool:
+    import torch.distributed as dist
+
+    try:
+        return bool(dist.is_backend_available(name))
+    except Exception:
+        return False
+
+
+def _accelerator_type() -> str | None:
+    """The accelerator torch would use, or None when there is none (a CPU-only machine)."""
+    acc = getattr(torch, "accelerator", None)
+    if acc is None:
+        return "cuda" if torch.cuda.is_available() else None
+    if not acc.is_available():
+        return None
+    current = acc.current_accelerator()
+    return None if current is None else current.type
+
+
+def _pick_device(cpu: bool, local_rank: int, world_size: int) -> torch.device:
+    kind = None if cpu else _accelerator_type()
+    if kind is None:
+        return torch.device("cpu")
+    count = torch.get_device_module(kind).device_count()
+    if local_rank >= count:
+        raise RuntimeError(
+            f"Local rank {local_rank} has no {kind} device: only {count} are visible. Launch at most "
+            f"{count} processes per node, fix CUDA_VISIBLE_DEVICES (or --gpu_ids), or pass cpu=True."
+        )
+    return torch.device(kind, local_rank if world_size > 1 else torch.get_device_module(kind).current_device())
+
+
+def _pick_backend(device: torch.device, requested: str | None) -> str:
+    if requested is None:
+        if device.type == "cuda":
+            requested = "nccl"
+        elif device.type == "cpu":
+            requested = "gloo"
+        else:
+            import torch.distributed as dist
+
+            requested = dist.get_default_backend_for_device(device)
+    if not _backend_available(requested):
+        raise ValueError(
+            f"backend={requested!r} is not available in this torch build; available: "
+            f"{available_backends()}. Pick one of those (gloo works on every CPU)."
+        )
+    return requested
+
+
+class PartialState(ProcessControl):
+    """The process topology: rank, world size, device, backend; made once per process.
+
+    Sources, strongest first: explicit arguments, the launcher's environment (torchrun, SLURM,
+    Open MPI, MPICH / Intel MPI), the configuration of `accel launch`, defaults. Every instance
+    shares one topology; it cannot be changed after creation (``PartialState._reset_state()``
+    starts over, for tests). Creating the first instance of a multi-process run creates the
+    process group; importing accel-state does nothing.
+    """
+
+    _topology: ClassVar[Topology | None] = None
+
+    def __init__(
+        self,
+        cpu: bool | None = None,
+        *,
+        backend: str | None = None,
+        init_process_group_kwargs: InitProcessGroupKwargs | None = None,
+        num_processes: int | None = None,
+        process_index: int | None = None,
+        local_process_index: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if kwargs:
+            raise TypeError(
+                f"PartialState got unknown arguments {sorted(kwargs)}; accepted: cpu, backend, "
+                f"init_process_group_kwargs, num_processes, process_index, local_process_index."
+            )
+        if PartialState._topology is None:
+            PartialState._topology = _build_topology(
+                cpu=cpu,
+                backend=backend,
+                pg_kwargs=init_process_group_kwargs or InitProcessGroupKwargs(),
+                num_processes=num_processes,
+                process_index=process_index,
+                local_process_index=local_process_index,
+            )
+        else:
+            self._check_consistent(cpu=cpu, backend=backend, num_processes=num_processes)
+
+    def _check_consistent(self, **asked: Any) -> None:
+        topo = self.topology
+        actual = {
+            "cpu": topo.device.type == "cpu",
+            "backend": topo.backend,
+            "num_processes": topo.num_processes,
+        }
+        for key, value in asked.items():
+            if value is not None and value != actual[key] and not (key == "cpu" and value is False):
+                warnings.warn(
+                    f"PartialState was already created with {key}={actual[key]!r}; the new value "
+                    f"{value!r} is ignored (the topology is fixed once created).",
+                    stacklevel=3,
+                )
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(
+            f"PartialState is immutable (tried to set {name!r}). Pass the value when creating the "
+            f"first PartialState, or call PartialState._reset_state() in tests."
+        )
+
+    @classmethod
+    def _reset_state(cls, destroy_process_group: bool = False) -> None:
+        """Forget the topology (tests). Optionally destroy the process group too."""
+        cls._topology = None
+        resolved_launch_config.cache_clear()
+        if destroy_process_group:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                dist.destroy_process_group()
+
+    @property
+    def initialized(self) -> bool:
+        return PartialState._topology is not None
+
+    @property
+    def topology(self) -> Topology:
+        topo = PartialState._topology
+        if topo is None:  # reset after this instance was made
+            PartialState._topology = topo = _build_topology(
+                None, None, InitProcessGroupKwargs(), None, None, None
+            )
+        return topo
+
+    # The familiar attributes.
+    device = property(lambda self: self.topology.device)
+    distributed_type = property(lambda self: self.topology.distributed_type)
+    num_processes = property(lambda self: self.topology.num_processes)
+    process_index = property(lambda self: self.topology.process_index)
+    local_process_index = property(lambda self: self.topology.local_process_index)
+    local_num_processes = property(lambda self: self.topology.local_num_processes)
+    node_rank = property(lambda self: self.topology.node_rank)
+    backend = property(lambda self: self.topology.backend)
+    launcher = property(lambda self: self.topology.launcher)
+    use_distributed = property(lambda self: self.topology.num_processes > 1)
+    is_main_process = property(lambda self: self.topology.process_index == 0)
+    is_local_main_process = property(lambda self: self.topology.local_process_index == 0)
+    is_last_process = property(
+        lambda self: self.topology.process_index == self.topology.num_processes - 1
+    )
+    default_device = property(lambda self: self.topology.device)
+
+    def __repr__(self) -> str:
+        t = self.topology
+        return (
+            f"Distributed environment: {t.distributed_type}  Backend: {t.backend}\n"
+            f"Num processes: {t.num_processes}\nProcess index: {t.process_index}\n"
+            f"Local process index: {t.local_process_index}\nDevice: {t.device}\n"
+        )
+
+    def destroy_process_group(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _merge_launch(
+    info: LaunchInfo, num_processes: int | None, process_index: int | None, local_index: int | None
+) -> LaunchInfo:
+    changes = {}
+    if num_processes is not None:
+        changes["world_size"] = num_processes
+    if process_index is not None:
+        changes["rank"] = process_index
+    if local_index is not None:
+        changes["local_rank"] = local_index
+    return dataclasses.replace(info, **changes) if changes else info
+
+
+def _validate(info: LaunchInfo) -> None:
+    if info.world_size < 1:
+        raise ValueError(f"num_processes={info.world_size} ({info.launcher}): must be at least 1.")
+    if not 0 <= info.rank < info.world_size:
+        raise ValueError(
+            f"Process rank {info.rank} is outside the world of {info.world_size} processes "
+            f"(from {info.launcher}); ranks run from 0 to {info.world_size - 1}. Check the "
+            f"launcher's RANK / WORLD_SIZE (or SLURM_PROCID / SLURM_NTASKS)."
+        )
+    if info.local_rank < 0:
+        raise ValueError(f"Local rank {info.local_rank} is negative.")
+
+
+def _build_topology(
+    cpu: bool | None,
+    backend: str | None,
+    pg_kwargs: InitProcessGroupKwargs,
+    num_processes: int | None,
+    process_index: int | None,
+    local_process_index: int | None,
+) -> Topology:
+    launched = resolved_launch_config()
+    if cpu is None:
+        cpu = bool(launched.get("cpu", False))
+    elif "cpu" in launched and bool(launched["cpu"]) != cpu:
+        warnings.warn(
+            f"The code asks cpu={cpu} but `accel launch` was configured with cpu={launched['cpu']}; "
+            f"using the code's value.",
+            stacklevel=4,
+        )
+    backend = backend or pg_kwargs.backend or launched.get("backend")
+
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        # The user (or a framework) made the process group: adopt it.
+        info = detect_launch()
+        info = dataclasses.replace(info, rank=dist.get_rank(), world_size=dist.get_world_size())
+        device = _pick_device(cpu, info.local_rank, info.world_size)
+        return _topology(info, device, str(dist.get_backend()))
+
+    info = _merge_launch(detect_launch(), num_processes, process_index, local_process_index)
+    _validate(info)
+    device = _pick_device(cpu, info.local_rank, info.world_size)
+    if info.world_size == 1:
+        return _topology(info, device, _pick_backend(device, backend) if backend else None)
+
+    chosen = _pick_backend(device, backend)
+    init_method = pg_kwargs.init_method
+    if init_method is None:
+        if not info.master_addr:
+            raise RuntimeError(
+                f"A world of {info.world_size} processes (from {info.launcher}) needs a rendezvous "
+                f"address, and MASTER_ADDR is not set. Launch with `accel launch` or torchrun, or "
+                f"export MASTER_ADDR (and MASTER_PORT) on every process."
+            )
+        init_method = f"tcp://{info.master_addr}:{info.master_port or DEFAULT_MASTER_PORT}"
+    if device.type != "cpu":
+        torch.get_device_module(device.type).set_device(device)
+    extra = {"timeout": pg_kwargs.timeout} if pg_kwargs.timeout is not None else {}
+    dist.init_process_group(
+        backend=chosen,
+        init_method=init_method,
+        rank=info.rank,
+        world_size=info.world_size,
+        **extra,
+    )
+    return _topology(info, device, chosen)
+
+
+def _topology(info: LaunchInfo, device: torch.device, backend: str | None) -> Topology:
+    if info.world_size > 1:
+        dtype = MULTI_DEVICE_TYPES.get(device.type, DistributedType.MULTI_GPU)
+    else:
+        dtype = DistributedType.NO
+    return Topology(
+        launcher=info.launcher,
+        process_index=info.rank,
+        num_processes=info.world_size,
+        local_process_index=info.local_rank,
+        local_num_processes=info.local_world_size,
+        node_rank=info.node_rank,
+        device=device,
+        backend=backend,
+        distributed_type=dtype,
+    )
