@@ -44,7 +44,9 @@ def _collectives_worker() -> dict:
     out["reduce_mean"] = S.reduce({"m": torch.tensor([float(rank)])}, "mean")["m"].tolist()
     padded = S.pad_across_processes(torch.ones(rank + 1, 2), dim=0, pad_index=-1)
     out["pad"] = padded.tolist()
-    out["pad_first"] = S.pad_across_processes(torch.ones(1, rank + 1), dim=1, pad_first=True).tolist()
+    out["pad_first"] = S.pad_across_processes(
+        torch.ones(1, rank + 1), dim=1, pad_first=True
+    ).tolist()
     with state.split_between_processes(list(range(7))) as part:
         out["split"] = part
     with state.split_between_processes(list(range(7)), apply_padding=True) as part:
@@ -94,9 +96,9 @@ def test_collectives_real_processes(world: int) -> None:
         assert len(out["pad"]) == world and out["pad"][: r + 1] == [[1.0, 1.0]] * (r + 1)
         assert all(row == [-1.0, -1.0] for row in out["pad"][r + 1 :])
         assert out["pad_first"] == [[0.0] * (world - 1 - r) + [1.0] * (r + 1)]
-        assert out["calls"] == (["main"] if r == 0 else []) + (["last"] if r == world - 1 else []) + (
-            ["one"] if r == 1 else []
-        ) + (["local"] if r == 0 else [])
+        assert out["calls"] == (["main"] if r == 0 else []) + (
+            ["last"] if r == world - 1 else []
+        ) + (["one"] if r == 1 else []) + (["local"] if r == 0 else [])
     # contiguous split, the first ranks take the remainder
     splits = [out["split"] for out in results]
     assert sum(splits, []) == list(range(7))

@@ -100,12 +100,16 @@ class ProcessControl:
     def on_process(self, function: F | None = None, process_index: int | None = None) -> Any:
         """Decorator: run on one process. ``@state.on_process(process_index=1)``."""
         if process_index is None:
-            raise ValueError("on_process needs process_index=<rank>, e.g. @on_process(process_index=1).")
+            raise ValueError(
+                "on_process needs process_index=<rank>, e.g. @on_process(process_index=1)."
+            )
         if function is None:
             return functools.partial(self.on_process, process_index=process_index)
         return self._only_if(lambda s: s.process_index == process_index, function)
 
-    def on_local_process(self, function: F | None = None, local_process_index: int | None = None) -> Any:
+    def on_local_process(
+        self, function: F | None = None, local_process_index: int | None = None
+    ) -> Any:
         if local_process_index is None:
             raise ValueError("on_local_process needs local_process_index=<local rank>.")
         if function is None:
@@ -124,7 +128,9 @@ class ProcessControl:
             yield inputs
             return
         if isinstance(inputs, Mapping):
-            lengths = {len(v) for v in inputs.values() if isinstance(v, (list, tuple, torch.Tensor))}
+            lengths = {
+                len(v) for v in inputs.values() if isinstance(v, (list, tuple, torch.Tensor))
+            }
             if len(lengths) > 1:
                 raise ValueError(
                     f"split_between_processes needs the dict's lists to have one length; got "

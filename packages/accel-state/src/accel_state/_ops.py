@@ -53,7 +53,9 @@ def recursively_apply(
         if isinstance(obj, Mapping):
             return _rebuild_mapping(obj, {k: apply(v) for k, v in obj.items()})
         if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-            fields = {f.name: apply(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
+            fields = {
+                f.name: apply(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init
+            }
             return type(obj)(**fields)
         if error_on_other_type:
             raise TypeError(
@@ -205,7 +207,9 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     return recursively_apply(one, tensor)
 
 
-def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+def pad_across_processes(
+    tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
+) -> Any:
     """Pad each tensor along `dim` to the largest size any process holds."""
     import torch.distributed as dist
 
@@ -240,7 +244,9 @@ def concatenate(data: Sequence[Any], dim: int = 0) -> Any:
         raise ValueError("concatenate needs at least one structure.")
     first = data[0]
     if isinstance(first, (list, tuple)):
-        return honor_type(first, (concatenate([d[i] for d in data], dim) for i in range(len(first))))
+        return honor_type(
+            first, (concatenate([d[i] for d in data], dim) for i in range(len(first)))
+        )
     if isinstance(first, Mapping):
         return _rebuild_mapping(first, {k: concatenate([d[k] for d in data], dim) for k in first})
     if isinstance(first, torch.Tensor):

@@ -116,7 +116,9 @@ def _pick_device(cpu: bool, local_rank: int, world_size: int) -> torch.device:
             f"Local rank {local_rank} has no {kind} device: only {count} are visible. Launch at most "
             f"{count} processes per node, fix CUDA_VISIBLE_DEVICES (or --gpu_ids), or pass cpu=True."
         )
-    return torch.device(kind, local_rank if world_size > 1 else torch.get_device_module(kind).current_device())
+    return torch.device(
+        kind, local_rank if world_size > 1 else torch.get_device_module(kind).current_device()
+    )
 
 
 def _pick_backend(device: torch.device, requested: str | None) -> str:

@@ -112,7 +112,9 @@ def _worker(
     try:
         payload = pickle.dumps(result)
     except Exception:
-        payload = pickle.dumps(("error", "return value does not pickle:\n" + traceback.format_exc()))
+        payload = pickle.dumps(
+            ("error", "return value does not pickle:\n" + traceback.format_exc())
+        )
     tmp = Path(out_dir) / f"{rank}.tmp"
     tmp.write_bytes(payload)
     tmp.rename(Path(out_dir) / f"{rank}.pkl")
@@ -158,9 +160,9 @@ def run_distributed(
             now = time.monotonic()
             if now > deadline:
                 break
-            failed = any(
-                not p.is_alive() and p.exitcode != 0 for p in procs
-            ) or any(_is_error(out_dir, r) for r in range(world_size))
+            failed = any(not p.is_alive() and p.exitcode != 0 for p in procs) or any(
+                _is_error(out_dir, r) for r in range(world_size)
+            )
             if failed and first_failure is None:
                 first_failure = now
             if first_failure is not None and now - first_failure > 10:
