@@ -1,0 +1,101 @@
+"""torchao float8 training: which linear layers to convert, and the conversion itself.
+
+Usable alone: `convert_to_ao_float8(model, AORecipeKwargs(...))` swaps the chosen `nn.Linear`
+layers for torchao's `Float8Linear` in place (weights kept) and returns the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from types import ModuleType
+from typing import TypeVar
+
+import torch
+
+from accel_precision._kwargs import AORecipeKwargs
+
+M = TypeVar("M", bound=torch.nn.Module)
+
+AO_INSTALL = "pip install accel-precision[ao]"
+
+
+def import_torchao_float8() -> ModuleType:
+    """Import `torchao.float8`, or raise an ImportError naming the install command."""
+    try:
+        import torchao.float8 as float8
+    except ImportError as err:
+        raise ImportError(
+            f"fp8 with fp8_backend='ao' needs torchao, which is not installed ({err}). "
+            f"Install it with `{AO_INSTALL}`, or choose fp8_backend='te'."
+        ) from None
+    return float8
+
+
+def _linear_names(model: torch.nn.Module) -> list[str]:
+    return [name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+
+
+def ao_float8_filter(
+    model: torch.nn.Module, kwargs: AORecipeKwargs | None = None
+) -> Callable[[torch.nn.Module, str], bool]:
+    """The `(module, fqn) -> bool` filter that decides which layers of `model` are converted.
+
+    Rules (from `AORecipeKwargs`): only `nn.Linear`; not the first and last linear layers when
+    `skip_first_last` (first and last in registration order, the order `named_modules` lists
+    them, which is the forward order in the usual embed -> blocks -> head models); both in and
+    out features divisible by 16; both at least `min_features`; and `module_filter_fn` agrees
+    when one is given.
+    """
+    kw = kwargs or AORecipeKwargs()
+    names = _linear_names(model)
+    edges = {names[0], names[-1]} if kw.skip_first_last and names else set()
+
+    def accept(module: torch.nn.Module, fqn: str) -> bool:
+        if not isinstance(module, torch.nn.Linear) or fqn in edges:
+            return False
+        n_in, n_out = module.in_features, module.out_features
+        if n_in % 16 or n_out % 16:
+            return False
+        if min(n_in, n_out) < kw.min_features:
+            return False
+        return kw.module_filter_fn is None or bool(kw.module_filter_fn(module, fqn))
+
+    return accept
+
+
+def ao_float8_config(kwargs: AORecipeKwargs | None = None) -> object:
+    """torchao's `Float8LinearConfig` for these settings."""
+    kw = kwargs or AORecipeKwargs()
+    float8 = import_torchao_float8()
+    if kw.recipe == "tensorwise":
+        return float8.Float8LinearConfig(
+            enable_fsdp_float8_all_gather=kw.enable_fsdp_float8_all_gather,
+            pad_inner_dim=kw.pad_inner_dim,
+            emulate=kw.emulate,
+        )
+    base = float8.Float8LinearConfig.from_recipe_name(kw.recipe)
+    return dataclasses.replace(base, pad_inner_dim=kw.pad_inner_dim, emulate=kw.emulate)
+
+
+def convert_to_ao_float8(model: M, kwargs: AORecipeKwargs | None = None) -> M:
+    """Swap the layers `ao_float8_filter` accepts for torchao `Float8Linear`, in place.
+
+    Returns the same model. Layers keep their parameters (the same tensors), so an optimizer
+    built before or after the conversion trains them.
+    """
+    float8 = import_torchao_float8()
+    config = ao_float8_config(kwargs)
+    keep = ao_float8_filter(model, kwargs)
+    out = float8.convert_to_float8_training(model, module_filter_fn=keep, config=config)
+    assert out is model or isinstance(model, torch.nn.Linear)
+    return out
+
+
+def has_ao_float8_layers(model: torch.nn.Module) -> bool:
+    """Whether any layer of `model` is a torchao `Float8Linear` (False when torchao is absent)."""
+    try:
+        from torchao.float8.float8_linear import Float8Linear
+    except ImportError:
+        return False
+    return any(isinstance(m, Float8Linear) for m in model.modules())

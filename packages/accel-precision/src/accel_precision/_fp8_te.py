@@ -1,0 +1,155 @@
+"""TransformerEngine fp8: layer conversion, the delayed-scaling recipe, and the fp8 autocast.
+
+Usable alone: `convert_to_te(model)` swaps `nn.Linear` and `nn.LayerNorm` for TE's modules
+(weights copied, parameter names unchanged), and `te_fp8_autocast(TERecipeKwargs())` is the
+context to run their forward in.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from contextlib import AbstractContextManager
+from types import ModuleType
+from typing import Any, TypeVar
+
+import torch
+
+from accel_precision._kwargs import TERecipeKwargs
+
+M = TypeVar("M", bound=torch.nn.Module)
+
+TE_INSTALL = "pip install accel-precision[te]"
+
+
+def import_te() -> ModuleType:
+    """Import `transformer_engine.pytorch`, or raise an ImportError naming the install command."""
+    try:
+        import transformer_engine.pytorch as te
+    except ImportError as err:
+        raise ImportError(
+            f"fp8 with fp8_backend='te' needs TransformerEngine, which is not installed ({err}). "
+            f"Install it with `{TE_INSTALL}` (CUDA only), or choose fp8_backend='ao'."
+        ) from None
+    return te
+
+
+def te_recipe(kwargs: TERecipeKwargs | None = None) -> Any:
+    """TE's `DelayedScaling` recipe built from `kwargs`."""
+    kw = kwargs or TERecipeKwargs()
+    import_te()
+    from transformer_engine.common import recipe
+
+    args: dict[str, Any] = {
+        "margin": kw.margin,
+        "fp8_format": getattr(recipe.Format, kw.fp8_format),
+        "amax_history_len": kw.amax_history_len,
+        "amax_compute_algo": kw.amax_compute_algo,
+    }
+    if "interval" in inspect.signature(recipe.DelayedScaling).parameters:
+        args["interval"] = kw.interval
+    elif kw.interval != 1:
+        warnings.warn(
+            f"TERecipeKwargs.interval={kw.interval} is ignored: this TransformerEngine version "
+            f"recomputes the fp8 scale every step.",
+            stacklevel=2,
+        )
+    return recipe.DelayedScaling(**args)
+
+
+def te_fp8_autocast(
+    kwargs: TERecipeKwargs | None = None, *, enabled: bool = True, recipe: Any = None
+) -> AbstractContextManager[Any]:
+    """TE's fp8 autocast context with the delayed-scaling recipe (new or old TE spelling).
+
+    Pass `recipe` (from `te_recipe`) to reuse one recipe object across steps.
+    """
+    te = import_te()
+    rec = recipe if recipe is not None else te_recipe(kwargs)
+    if hasattr(te, "autocast"):
+        return te.autocast(enabled=enabled, recipe=rec)
+    return te.fp8_autocast(enabled=enabled, fp8_recipe=rec)
+
+
+def _te_device(t: torch.Tensor) -> torch.device:
+    return (
+        t.device if t.device.type == "cuda" else torch.device("cuda", torch.cuda.current_device())
+    )
+
+
+def _te_linear(te: ModuleType, old: torch.nn.Linear) -> torch.nn.Module:
+    w = old.weight
+    new = te.Linear(
+        old.in_features,
+        old.out_features,
+        bias=old.bias is not None,
+        params_dtype=w.dtype,
+        device=_te_device(w),
+    )
+    with torch.no_grad():
+        new.weight.copy_(w)
+        if old.bias is not None:
+            new.bias.copy_(old.bias)
+    return new
+
+
+def _te_layernorm(te: ModuleType, old: torch.nn.LayerNorm) -> torch.nn.Module:
+    w = old.weight
+    new = te.LayerNorm(
+        old.normalized_shape[0], eps=old.eps, params_dtype=w.dtype, device=_te_device(w)
+    )
+    with torch.no_grad():
+        new.weight.copy_(w)
+        if old.bias is not None:
+            new.bias.copy_(old.bias)
+        else:
+            new.bias.zero_()
+            new.bias.requires_grad_(False)
+    return new
+
+
+def te_convertible(module: torch.nn.Module) -> bool:
+    """Whether `convert_to_te` swaps this module.
+
+    `nn.Linear` with in/out features divisible by 16 (TE's fp8 GEMM needs it), and
+    `nn.LayerNorm` over one dimension with learnable weights.
+    """
+    if isinstance(module, torch.nn.Linear):
+        return module.in_features % 16 == 0 and module.out_features % 16 == 0
+    if isinstance(module, torch.nn.LayerNorm):
+        return len(module.normalized_shape) == 1 and module.weight is not None
+    return False
+
+
+def convert_to_te(model: M) -> M:
+    """Swap `nn.Linear` and `nn.LayerNorm` layers for TE's, in place, keeping their weights.
+
+    The new layers live on CUDA with the old parameters' dtype and the same parameter names;
+    their parameters are new tensors, so an optimizer built earlier must be rebound (see
+    `rebind_optimizer`). A model that is itself a Linear or LayerNorm is returned converted.
+    """
+    te = import_te()
+    if te_convertible(model):
+        return _convert_one(te, model)
+    for name, child in list(model.named_children()):
+        if te_convertible(child):
+            setattr(model, name, _convert_one(te, child))
+        else:
+            convert_to_te(child)
+    return model
+
+
+def _convert_one(te: ModuleType, module: Any) -> Any:
+    if isinstance(module, torch.nn.Linear):
+        return _te_linear(te, module)
+    return _te_layernorm(te, module)
+
+
+def has_te_layers(model: torch.nn.Module) -> bool:
+    """Whether any layer of `model` is a TransformerEngine module (False when TE is absent)."""
+    try:
+        import transformer_engine.pytorch as te
+    except ImportError:
+        return False
+    kinds = tuple(k for k in (getattr(te, "Linear", None), getattr(te, "LayerNorm", None)) if k)
+    return any(isinstance(m, kinds) for m in model.modules())

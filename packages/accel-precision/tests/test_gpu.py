@@ -1,0 +1,109 @@
+"""On a CUDA GPU: fp16 with loss scaling, and fp8 with each backend on a small transformer block."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from accel_precision import (
+    AORecipeKwargs,
+    GradScalerKwargs,
+    TERecipeKwargs,
+    has_ao_float8_layers,
+    has_te_layers,
+    make_precision,
+)
+
+pytestmark = pytest.mark.gpu
+
+
+def _needs_fp8() -> None:
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 needs compute capability >= 8.9")
+
+
+class _Block(nn.Module):
+    def __init__(self, dim: int = 256, heads: int = 4) -> None:
+        super().__init__()
+        self.fc_in = nn.Linear(dim, dim)
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+        self.fc_out = nn.Linear(dim, dim)
+        self.heads = heads
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.fc_in(x)
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
+        a = nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        x = x + self.fc2(nn.functional.gelu(self.fc1(self.norm2(x))))
+        return self.fc_out(x)
+
+
+def _train(precision, steps: int = 20) -> tuple[list[float], torch.Tensor, nn.Module]:
+    torch.manual_seed(0)
+    model = _Block().cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model = precision.wrap_forward(precision.convert_module(model, opt))
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(8, 64, 256, device="cuda", generator=g)
+    y = torch.randn(8, 64, 256, device="cuda", generator=g)
+    with torch.no_grad():
+        first = model(x)
+    losses = []
+    for _ in range(steps):
+        loss = nn.functional.mse_loss(model(x), y)
+        precision.backward(loss)
+        precision.step(opt)
+        precision.update()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, first, model
+
+
+def test_fp16_on_cuda_trains_and_skips_on_inf():
+    p = make_precision(
+        "fp16", device_type="cuda", scaler_kwargs=GradScalerKwargs(init_scale=1024.0)
+    )
+    losses, out, _ = _train(p)
+    assert out.dtype == torch.float32
+    assert losses[-1] < 0.8 * losses[0], losses
+    model = nn.Linear(16, 16).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scale = p.scaler.get_scale()
+    p.backward(model(torch.randn(4, 16, device="cuda")).sum())
+    model.weight.grad[0, 0] = float("inf")
+    assert p.step(opt) is False and p.optimizer_step_was_skipped
+    p.update()
+    assert p.scaler.get_scale() == scale / 2
+
+
+def _check_close_to_bf16(losses: list[float], out: torch.Tensor) -> None:
+    ref_losses, ref_out, _ = _train(make_precision("bf16", device_type="cuda"))
+    assert losses[-1] < 0.8 * losses[0], losses
+    rel = ((out - ref_out).norm() / ref_out.norm()).item()
+    assert rel < 0.1, rel
+    assert abs(losses[-1] - ref_losses[-1]) < 0.05 * ref_losses[0], (losses, ref_losses)
+
+
+def test_fp8_torchao_block_trains_close_to_bf16():
+    _needs_fp8()
+    pytest.importorskip("torchao.float8")
+    p = make_precision("fp8", device_type="cuda", fp8_kwargs=AORecipeKwargs(min_features=256))
+    losses, out, model = _train(p)
+    assert has_ao_float8_layers(model)
+    _check_close_to_bf16(losses, out)
+
+
+def test_fp8_transformer_engine_block_trains_close_to_bf16():
+    _needs_fp8()
+    pytest.importorskip("transformer_engine.pytorch")
+    p = make_precision("fp8", device_type="cuda", fp8_kwargs=TERecipeKwargs(amax_history_len=16))
+    losses, out, model = _train(p)
+    assert has_te_layers(model)
+    _check_close_to_bf16(losses, out)
