@@ -1,1 +1,98 @@
-"""accel-bigmodel."""
+"""accel-bigmodel: load and run models larger than memory.
+
+Empty (meta-device) init, module sizes and device maps, forward hooks that move weights and
+inputs, CPU and disk offload (memory-mapped, prefetched on CUDA), and streaming checkpoint
+loading. Needs only torch, safetensors and psutil. Importing it does nothing else.
+"""
+
+from accel_bigmodel._checkpoint import LoadResult, checkpoint_files, load_checkpoint_in_model
+from accel_bigmodel._device_map import (
+    check_device_map,
+    clean_device_map,
+    infer_auto_device_map,
+    resolve_device_map,
+)
+from accel_bigmodel._dispatch import (
+    CpuOffload,
+    UserCpuOffloadHook,
+    cpu_offload,
+    cpu_offload_with_hook,
+    disk_offload,
+    dispatch_model,
+    load_checkpoint_and_dispatch,
+)
+from accel_bigmodel._hooks import (
+    AlignDevicesHook,
+    ModelHook,
+    SequentialHook,
+    add_hook_to_module,
+    attach_align_device_hook,
+    attach_align_device_hook_on_blocks,
+    remove_hook_from_module,
+    send_to_device,
+)
+from accel_bigmodel._modeling import (
+    find_tied_parameters,
+    init_empty_weights,
+    init_on_device,
+    retie_parameters,
+    set_module_tensor_to_device,
+)
+from accel_bigmodel._offload import (
+    OffloadedWeightsLoader,
+    PrefixedDataset,
+    load_offload_index,
+    offload_state_dict,
+    offload_weight,
+    save_offload_index,
+)
+from accel_bigmodel._sizes import (
+    compute_module_sizes,
+    convert_file_size_to_int,
+    get_balanced_memory,
+    get_max_layer_size,
+    get_max_memory,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AlignDevicesHook",
+    "CpuOffload",
+    "LoadResult",
+    "ModelHook",
+    "OffloadedWeightsLoader",
+    "PrefixedDataset",
+    "SequentialHook",
+    "UserCpuOffloadHook",
+    "add_hook_to_module",
+    "attach_align_device_hook",
+    "attach_align_device_hook_on_blocks",
+    "check_device_map",
+    "checkpoint_files",
+    "clean_device_map",
+    "compute_module_sizes",
+    "convert_file_size_to_int",
+    "cpu_offload",
+    "cpu_offload_with_hook",
+    "disk_offload",
+    "dispatch_model",
+    "find_tied_parameters",
+    "get_balanced_memory",
+    "get_max_layer_size",
+    "get_max_memory",
+    "infer_auto_device_map",
+    "init_empty_weights",
+    "init_on_device",
+    "load_checkpoint_and_dispatch",
+    "load_checkpoint_in_model",
+    "load_offload_index",
+    "offload_state_dict",
+    "offload_weight",
+    "remove_hook_from_module",
+    "resolve_device_map",
+    "retie_parameters",
+    "save_offload_index",
+    "send_to_device",
+    "set_module_tensor_to_device",
+]

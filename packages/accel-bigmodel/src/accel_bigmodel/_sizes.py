@@ -1,0 +1,251 @@
+"""How big things are: tensor and module sizes, memory strings, and the memory each device has.
+
+Sizes are plain byte counts. A memory budget (`max_memory`) maps a device (an int for a GPU
+index, "cpu", "disk", or a string such as "cuda:1") to bytes or to a string such as "600MB" or
+"1GiB"; `get_max_memory` parses and validates it, or measures what is free when none is given.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+
+import torch
+from torch import nn
+
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+
+Device = int | str
+"""A device as device maps spell it: a GPU index, "cpu", "disk", "mps", or "cuda:1"."""
+
+
+def convert_file_size_to_int(size: int | str) -> int:
+    """Turn ``1_000_000``, ``"600MB"`` or ``"1GiB"`` into bytes (MB = 10**6, MiB = 2**20)."""
+    if isinstance(size, bool):
+        raise ValueError(f"Memory size {size!r} is a bool; give bytes or a string like '600MB'.")
+    if isinstance(size, int):
+        if size < 0:
+            raise ValueError(f"Memory size {size} is negative; give a byte count >= 0.")
+        return size
+    if isinstance(size, str):
+        match = _SIZE_RE.match(size)
+        if match and match.group(2).upper() in _UNITS:
+            return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+    raise ValueError(
+        f"Cannot parse the memory size {size!r}. Give an int of bytes or a string such as "
+        f"'600MB', '1.5GB' or '1GiB' (units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)."
+    )
+
+
+def dtype_byte_size(dtype: torch.dtype) -> int:
+    """Bytes per element of `dtype`."""
+    return torch.empty((), dtype=dtype, device="meta").element_size()
+
+
+def _tensor_size(
+    tensor: torch.Tensor, name: str, dtype: torch.dtype | None, special: Mapping[str, torch.dtype]
+) -> int:
+    if name in special:
+        return int(tensor.numel() * dtype_byte_size(special[name]))
+    if dtype is not None and tensor.is_floating_point():
+        return int(tensor.numel() * min(dtype_byte_size(dtype), tensor.element_size()))
+    return tensor.numel() * tensor.element_size()
+
+
+def named_module_tensors(
+    module: nn.Module, include_buffers: bool = True, recurse: bool = False
+) -> Iterable[tuple[str, torch.Tensor]]:
+    """The parameters (and buffers) of `module`, each shared tensor once."""
+    yield from module.named_parameters(recurse=recurse)
+    if include_buffers:
+        yield from module.named_buffers(recurse=recurse)
+
+
+def compute_module_sizes(
+    model: nn.Module,
+    dtype: torch.dtype | str | None = None,
+    special_dtypes: Mapping[str, torch.dtype | str] | None = None,
+    buffers_only: bool = False,
+) -> dict[str, int]:
+    """Bytes of every module and tensor of `model`, keyed by name ("" is the whole model).
+
+    With `dtype`, floating tensors are counted as if cast to it (never larger than they are);
+    `special_dtypes` overrides that per tensor name. Tied tensors are counted once.
+    """
+    dtype = _as_dtype(dtype)
+    special = {k: _as_dtype(v) for k, v in (special_dtypes or {}).items()}
+    sizes: dict[str, int] = {}
+    tensors = model.named_buffers() if buffers_only else named_module_tensors(model, True, True)
+    for name, tensor in tensors:
+        size = _tensor_size(tensor, name, dtype, special)
+        parts = name.split(".")
+        for i in range(len(parts) + 1):
+            prefix = ".".join(parts[:i])
+            sizes[prefix] = sizes.get(prefix, 0) + size
+    sizes.setdefault("", 0)
+    return sizes
+
+
+def _as_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    name = dtype.replace("torch.", "")
+    value = getattr(torch, name, None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"Unknown dtype {dtype!r}; give a torch.dtype or a name like 'float16'.")
+    return value
+
+
+def get_max_layer_size(
+    modules: list[tuple[str, nn.Module]],
+    module_sizes: Mapping[str, int],
+    no_split_module_classes: Iterable[str] | None,
+) -> tuple[int, list[str]]:
+    """The size of the largest block that cannot be split, and the names of all that size.
+
+    A block is a leaf module, or a module whose class name is in `no_split_module_classes`.
+    """
+    no_split = set(no_split_module_classes or ())
+    max_size, names = 0, []
+    todo = list(modules)
+    while todo:
+        name, module = todo.pop(0)
+        children = list(module.named_children()) if isinstance(module, nn.Module) else []
+        if not children or type(module).__name__ in no_split:
+            size = module_sizes.get(name, 0)
+            if size > max_size:
+                max_size, names = size, [name]
+            elif size == max_size:
+                names.append(name)
+        else:
+            todo = [(f"{name}.{n}" if name else n, m) for n, m in children] + todo
+    return max_size, names
+
+
+def _device_sort_key(device: Device) -> tuple[int, str]:
+    if isinstance(device, int):
+        return (0, f"{device:08d}")
+    if device == "cpu":
+        return (2, "")
+    if device == "disk":
+        return (3, "")
+    return (1, device)
+
+
+def normalize_device(device: Device | torch.device) -> Device:
+    """Spell a device the way device maps do: 0 for "cuda:0", "cpu", "disk", "mps"."""
+    if isinstance(device, torch.device):
+        device = str(device)
+    if isinstance(device, bool):
+        raise ValueError(f"Device {device!r} is a bool; give an int, 'cpu', 'disk' or 'cuda:N'.")
+    if isinstance(device, int):
+        if device < 0:
+            raise ValueError(f"Device index {device} is negative; GPU indices start at 0.")
+        return device
+    if not isinstance(device, str):
+        raise ValueError(f"Device {device!r} is not an int, a string or a torch.device.")
+    if device in ("cpu", "disk", "meta"):
+        return device
+    if device == "cuda":
+        return 0
+    if device.startswith("cuda:") and device[5:].isdigit():
+        return int(device[5:])
+    try:
+        torch.device(device)
+    except RuntimeError:
+        raise ValueError(
+            f"Unknown device {device!r}: use a GPU index such as 0, 'cuda:1', 'cpu', 'disk' or "
+            f"another torch device type ('mps', 'xpu:0')."
+        ) from None
+    return device
+
+
+def check_device_exists(device: Device) -> None:
+    """Raise a ValueError naming `device` if this machine does not have it."""
+    if device in ("cpu", "disk", "meta"):
+        return
+    if isinstance(device, int):
+        count = torch.cuda.device_count()
+        if device >= count:
+            raise ValueError(
+                f"Device {device} (cuda:{device}) does not exist: this machine has {count} CUDA "
+                f"device(s). Use an index below {count}, or 'cpu' / 'disk'."
+            )
+        return
+    kind = torch.device(device)
+    module = getattr(torch, kind.type, None)
+    available = getattr(module, "is_available", None)
+    if available is None or not available():
+        raise ValueError(f"Device {device!r} does not exist on this machine; use 'cpu' or 'disk'.")
+
+
+def get_max_memory(max_memory: Mapping[Device, int | str] | None = None) -> dict[Device, int]:
+    """Bytes available per device, GPUs first, then "cpu", then "disk".
+
+    Without `max_memory`, measures the free memory of every CUDA device and the available RAM.
+    With it, parses strings ("600MB", "1GiB"), normalizes device names and checks each exists.
+    """
+    if max_memory is None:
+        import psutil
+
+        result: dict[Device, int] = {}
+        for index in range(torch.cuda.device_count()):
+            result[index] = torch.cuda.mem_get_info(index)[0]
+        result["cpu"] = psutil.virtual_memory().available
+        return result
+    result = {}
+    for key, value in max_memory.items():
+        device = normalize_device(key)
+        check_device_exists(device)
+        result[device] = convert_file_size_to_int(value)
+    return dict(sorted(result.items(), key=lambda kv: _device_sort_key(kv[0])))
+
+
+def parse_max_memory(max_memory: Mapping[Device, int | str]) -> dict[Device, int]:
+    """Like `get_max_memory` for planning only: parses and sorts, checks no device exists."""
+    result = {normalize_device(k): convert_file_size_to_int(v) for k, v in max_memory.items()}
+    return dict(sorted(result.items(), key=lambda kv: _device_sort_key(kv[0])))
+
+
+def get_balanced_memory(
+    model: nn.Module,
+    max_memory: Mapping[Device, int | str] | None = None,
+    no_split_module_classes: Iterable[str] | None = None,
+    dtype: torch.dtype | str | None = None,
+    special_dtypes: Mapping[str, torch.dtype | str] | None = None,
+    low_zero: bool = False,
+) -> dict[Device, int]:
+    """A `max_memory` that spreads `model` evenly over the GPUs instead of filling the first.
+
+    Each GPU gets about an equal share plus room for the largest unsplittable block. With
+    `low_zero`, GPU 0 gets only what does not fit on the others (it keeps room for generation).
+    """
+    budget = get_max_memory(None) if max_memory is None else parse_max_memory(max_memory)
+    gpus = [d for d in budget if d not in ("cpu", "disk") and budget[d] > 0]
+    if len(gpus) <= 1:
+        return budget
+    sizes = compute_module_sizes(model, dtype=dtype, special_dtypes=special_dtypes)
+    layer, _ = get_max_layer_size(
+        list(model.named_children()), sizes, no_split_module_classes or ()
+    )
+    shared = gpus[1:] if low_zero else gpus
+    per_gpu = -(-sizes[""] // len(shared)) + layer
+    balanced = dict(budget)
+    for device in shared[:-1]:
+        balanced[device] = min(budget[device], per_gpu)
+    if low_zero:
+        rest = max(0, sizes[""] - sum(balanced[d] for d in shared))
+        balanced[gpus[0]] = min(budget[gpus[0]], rest + layer if rest else 0)
+    return balanced

@@ -1,0 +1,121 @@
+import os
+
+import pytest
+import torch
+
+from accel_bigmodel import (
+    compute_module_sizes,
+    cpu_offload,
+    cpu_offload_with_hook,
+    disk_offload,
+    dispatch_model,
+    init_empty_weights,
+    load_checkpoint_and_dispatch,
+    load_checkpoint_in_model,
+    remove_hook_from_module,
+)
+
+
+def empty(kit):
+    with init_empty_weights():
+        return kit.TinyLM().eval()
+
+
+def budget_for_two_blocks(kit):
+    sizes = compute_module_sizes(empty(kit))
+    return sizes["embed"] + sizes["pos"] + 2 * sizes["body.layers.0"]
+
+
+@pytest.mark.parametrize("mode", ["auto", "balanced", "balanced_low_0", "sequential"])
+@pytest.mark.parametrize("as_string", [False, True])
+def test_every_device_map_mode_matches_the_plain_model(
+    kit, reference, ids, tmp_path, mode, as_string
+):
+    path = kit.write_checkpoint(reference, str(tmp_path / "ckpt"), "safetensors", 2)
+    cpu = budget_for_two_blocks(kit)
+    max_memory = {"cpu": f"{cpu / 1000:.3f}KB" if as_string else cpu, "disk": "1GiB"}
+    model = load_checkpoint_and_dispatch(
+        empty(kit), path, device_map=mode, max_memory=max_memory,
+        no_split_module_classes=["Block"], offload_folder=tmp_path / "offload",
+    )  # fmt: skip
+    assert model.hf_device_map["body.layers.3"] == "disk"
+    assert model.hf_device_map["body.layers.0"] == "cpu"
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), reference(ids))
+        torch.testing.assert_close(model(ids), reference(ids))  # hooks reload every forward
+    assert model.body.layers[3].mlp[0].weight.is_meta
+
+
+def test_dispatch_on_one_device_moves_the_model_without_hooks(kit, reference, ids, tmp_path):
+    path = kit.write_checkpoint(reference, str(tmp_path), "bin")
+    model = load_checkpoint_and_dispatch(empty(kit), path, device_map="cpu")
+    assert not any(hasattr(m, "_hf_hook") for m in model.modules())
+    assert model.head.weight is model.embed.weight
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), reference(ids))
+    with pytest.raises(ValueError, match=r"no data \(meta device\)"):
+        dispatch_model(empty(kit), {"": "cpu"})
+
+
+def test_disk_mapped_modules_use_stored_buffers_and_ties(kit, reference, ids, tmp_path):
+    """The head (tied to the embedding) and the blocks with trained buffers live on disk."""
+    path = kit.write_checkpoint(reference, str(tmp_path / "ckpt"), "safetensors")
+    device_map = {"embed": "disk", "pos": "cpu", "body": "disk", "head": "disk"}
+    model = empty(kit)
+    load_checkpoint_in_model(model, path, device_map, offload_folder=tmp_path / "off")
+    dispatch_model(model, device_map, offload_dir=tmp_path / "off")
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), reference(ids))
+    assert model.head.weight is model.embed.weight  # still one (meta) parameter between calls
+
+
+def test_cpu_offload_and_disk_offload_match_and_restore(kit, reference, ids, tmp_path):
+    with torch.no_grad():
+        expected = reference(ids)
+        model = kit.make_reference()
+        cpu_offload(model, execution_device="cpu")
+        assert model.body.layers[0].mlp[0].weight.is_meta
+        torch.testing.assert_close(model(ids), expected)
+        remove_hook_from_module(model, recurse=True)
+        assert not model.body.layers[0].mlp[0].weight.is_meta
+        torch.testing.assert_close(model(ids), expected)
+
+        model = kit.make_reference()
+        disk_offload(model, tmp_path / "off", execution_device="cpu")
+        files = os.listdir(tmp_path / "off")
+        assert "index.json" in files and "embed.weight.dat" in files
+        assert "head.weight.dat" not in files  # tied weights are written once
+        torch.testing.assert_close(model(ids), expected)
+        again = disk_offload(kit.TinyLM().eval(), tmp_path / "off", execution_device="cpu",
+                             offload_buffers=True)  # fmt: skip
+        torch.testing.assert_close(again(ids), expected)  # weights and buffers from the folder
+
+
+def test_cpu_offload_with_hook_chains_models(monkeypatch, ids):
+    torch.manual_seed(0)
+    first, second = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    x = torch.randn(3, 4)
+    expected = second(first(x))
+    first, hook1 = cpu_offload_with_hook(first, "cpu")
+    second, hook2 = cpu_offload_with_hook(second, "cpu", prev_module_hook=hook1)
+    calls = []
+    monkeypatch.setattr(hook1, "offload", lambda: calls.append("first offloaded"))
+    torch.testing.assert_close(second(first(x)), expected)
+    assert calls == ["first offloaded"]
+    hook2.remove()
+    assert "forward" not in second.__dict__
+
+
+def test_dispatch_errors_name_the_problem(kit, reference, tmp_path):
+    path = kit.write_checkpoint(reference, str(tmp_path / "ckpt"), "safetensors")
+    model = empty(kit)
+    load_checkpoint_in_model(model, path, {"": "cpu"})
+    with pytest.raises(ValueError, match="neither offload_dir nor offload_index"):
+        dispatch_model(model, {"embed": "cpu", "pos": "cpu", "body": "disk", "head": "cpu"})
+    missing = torch.cuda.device_count()
+    with pytest.raises(ValueError, match=f"Device {missing} .* does not exist"):
+        dispatch_model(model, {"": missing})
+    with pytest.raises(ValueError, match="does not place"):
+        dispatch_model(model, {"embed": "cpu"})
+    with pytest.raises(ValueError, match="not understood"):
+        load_checkpoint_and_dispatch(empty(kit), path, device_map="fastest")

@@ -1,0 +1,64 @@
+import accel_bigmodel
+
+EXPECTED = [
+    "AlignDevicesHook",
+    "CpuOffload",
+    "LoadResult",
+    "ModelHook",
+    "OffloadedWeightsLoader",
+    "PrefixedDataset",
+    "SequentialHook",
+    "UserCpuOffloadHook",
+    "add_hook_to_module",
+    "attach_align_device_hook",
+    "attach_align_device_hook_on_blocks",
+    "check_device_map",
+    "checkpoint_files",
+    "clean_device_map",
+    "compute_module_sizes",
+    "convert_file_size_to_int",
+    "cpu_offload",
+    "cpu_offload_with_hook",
+    "disk_offload",
+    "dispatch_model",
+    "find_tied_parameters",
+    "get_balanced_memory",
+    "get_max_layer_size",
+    "get_max_memory",
+    "infer_auto_device_map",
+    "init_empty_weights",
+    "init_on_device",
+    "load_checkpoint_and_dispatch",
+    "load_checkpoint_in_model",
+    "load_offload_index",
+    "offload_state_dict",
+    "offload_weight",
+    "remove_hook_from_module",
+    "resolve_device_map",
+    "retie_parameters",
+    "save_offload_index",
+    "send_to_device",
+    "set_module_tensor_to_device",
+]
+
+
+def test_all_is_the_declared_api():
+    assert accel_bigmodel.__all__ == EXPECTED
+    assert sorted(EXPECTED) == EXPECTED
+
+
+def test_every_name_resolves():
+    for name in accel_bigmodel.__all__:
+        assert getattr(accel_bigmodel, name) is not None, name
+
+
+def test_import_does_not_touch_cuda_or_siblings():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, accel_bigmodel, torch\n"
+        "assert not torch.cuda.is_initialized()\n"
+        "assert not any(m.startswith('accel_state') for m in sys.modules)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
