@@ -1,0 +1,43 @@
+"""The environment variables accel-cli reads or writes, named once.
+
+The launcher reads only `ACCEL_CONFIG_FILE`, `XDG_CONFIG_HOME` and `OMP_NUM_THREADS`, and
+writes only what torchrun needs plus the variables below, so a worker sees one resolved
+configuration instead of dozens of variables.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+# Written for the workers: the resolved launch configuration as one JSON object. Must equal
+# accel_state._environment.ENV_ACCEL_CONFIG (a test holds the two together).
+ENV_ACCEL_CONFIG = "ACCEL_LAUNCH_CONFIG"
+# Read: the path of the default config file, overriding the XDG location.
+ENV_CONFIG_FILE = "ACCEL_CONFIG_FILE"
+# Read: the base folder of per-user configuration (XDG Base Directory spec).
+ENV_XDG_CONFIG_HOME = "XDG_CONFIG_HOME"
+# Written for --gpu_ids; read by `accel env`.
+ENV_CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+# Read and written: threads per worker.
+ENV_OMP_NUM_THREADS = "OMP_NUM_THREADS"
+
+DEFAULT_CONFIG_NAME = "default_config.yaml"
+
+
+def default_config_path(environ: Mapping[str, str] | None = None) -> Path:
+    """Where the default config file lives (it need not exist).
+
+    `$ACCEL_CONFIG_FILE` if set, else `$XDG_CONFIG_HOME/accel/default_config.yaml`, else
+    `~/.config/accel/default_config.yaml`.
+    """
+    env = os.environ if environ is None else environ
+    explicit = env.get(ENV_CONFIG_FILE)
+    if explicit:
+        return Path(explicit).expanduser()
+    base = env.get(ENV_XDG_CONFIG_HOME)
+    if not base:
+        home = env.get("HOME") or str(Path.home())
+        base = str(Path(home) / ".config")
+    return Path(base).expanduser() / "accel" / DEFAULT_CONFIG_NAME

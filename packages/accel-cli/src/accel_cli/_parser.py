@@ -1,0 +1,157 @@
+"""The argument parser of the `accel` command and its subcommands.
+
+Flags use accelerate's spellings (`--num_processes`) and the dashed ones (`--num-processes`).
+Launch flags default to None, so resolution can tell a flag the user gave from one left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+
+from accel_cli import _schema
+
+# Launch flags that map to a LaunchConfig field: (flag name, type, help).
+_LAUNCH_FLAGS: tuple[tuple[str, type, str], ...] = (
+    ("num_processes", int, "Total processes across all machines (default: 1 per machine)."),
+    ("num_machines", int, "Number of machines (default 1)."),
+    ("machine_rank", int, "This machine's index, 0 for the main machine (default 0)."),
+    ("main_process_ip", str, "Address of machine 0 (needed with several machines)."),
+    (
+        "main_process_port",
+        int,
+        "Rendezvous port (default: a free port on one machine, 29500 on several).",
+    ),
+    ("gpu_ids", str, "GPUs to use on each machine, such as '0,1' (sets CUDA_VISIBLE_DEVICES)."),
+    ("gradient_accumulation_steps", int, "Gradient accumulation steps handed to the Accelerator."),
+    ("backend", str, "Process-group backend (default: nccl on CUDA, gloo on CPU)."),
+    ("rdzv_backend", str, "torchrun rendezvous: static (default), c10d, etcd, etcd-v2."),
+    ("max_restarts", int, "Restarts torchrun allows before failing the job (default 0)."),
+    ("num_cpu_threads_per_process", int, "OMP_NUM_THREADS of each process."),
+)
+
+
+_METAVARS = {"main_process_ip": "IP", "gpu_ids": "IDS", "backend": "NAME", "rdzv_backend": "NAME"}
+
+
+def _add_flag(parser: argparse.ArgumentParser, name: str, **kwargs: object) -> None:
+    spellings = [f"--{name}"]
+    if "_" in name:
+        spellings.append(f"--{name.replace('_', '-')}")
+    parser.add_argument(*spellings, dest=name, default=None, **kwargs)
+
+
+def _add_launch(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "launch",
+        allow_abbrev=False,
+        help="Run a training script on one or many processes and machines.",
+        description=(
+            "Run SCRIPT (or -m MODULE) with its arguments. More than one process in all goes "
+            "through torchrun; one process runs the script directly. The configuration is "
+            "resolved once (flags > config file > defaults) and handed to every worker in "
+            "$ACCEL_LAUNCH_CONFIG."
+        ),
+    )
+    _add_flag(
+        p, "config_file", metavar="PATH", help="Config file to read instead of the default one."
+    )
+    _add_flag(p, "cpu", action="store_true", help="Run on the CPU even when GPUs are visible.")
+    p.add_argument(
+        "--no_cpu",
+        "--no-cpu",
+        dest="cpu",
+        action="store_false",
+        default=None,
+        help="Use the accelerator even when the config file says use_cpu: true.",
+    )
+    _add_flag(p, "mixed_precision", choices=_schema.PRECISIONS, help="Mixed precision mode.")
+    for name, kind, text in _LAUNCH_FLAGS:
+        _add_flag(p, name, type=kind, metavar=_METAVARS.get(name, "N"), help=text)
+    p.add_argument(
+        "-m",
+        "--module",
+        action="store_true",
+        help="Treat SCRIPT as a module name, as `python -m` does.",
+    )
+    p.add_argument("--multi_gpu", "--multi-gpu", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="Print no informational lines (overrides are still reported).",
+    )
+    p.add_argument(
+        "--dry_run",
+        "--dry-run",
+        action="store_true",
+        help="Print the command and the configuration, run nothing.",
+    )
+    p.add_argument("script", metavar="SCRIPT", help="The training script (or module with -m).")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="Arguments for the script.")
+
+
+def _add_config(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("config", help="Write, show or check a config file.")
+    csub = p.add_subparsers(dest="config_command", metavar="{default,show,validate}", required=True)
+    d = csub.add_parser(
+        "default",
+        help="Write a config file with default values.",
+        description="Write a config file (accelerate's keys, so accelerate reads it too). An "
+        "existing file is kept unless --force is given.",
+    )
+    _add_flag(
+        d, "config_file", metavar="PATH", help="Where to write (default: the default config path)."
+    )
+    _add_flag(
+        d, "mixed_precision", choices=_schema.PRECISIONS, help="Mixed precision mode (default no)."
+    )
+    _add_flag(d, "cpu", action="store_true", help="Run on the CPU.")
+    _add_flag(d, "num_processes", type=int, metavar="N", help="Processes to launch (default 1).")
+    d.add_argument("--force", action="store_true", help="Overwrite an existing file.")
+    for name, text in (
+        ("show", "Print the resolved launch configuration and where each value comes from."),
+        ("validate", "Check a config file and report the first problem."),
+    ):
+        s = csub.add_parser(name, help=text, description=text)
+        _add_flag(
+            s,
+            "config_file",
+            metavar="PATH",
+            help="The file to read (default: the default config file).",
+        )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="accel",
+        allow_abbrev=False,
+        description="accel: launch, configure and inspect PyTorch training runs.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="{launch,config,env}", required=True)
+    _add_launch(sub)
+    _add_config(sub)
+    sub.add_parser(
+        "env",
+        help="Print the environment for a bug report.",
+        description="Print versions, devices, memory and the default config, for a bug report.",
+    )
+    return parser
+
+
+def suggest_flag(parser: argparse.ArgumentParser, unknown: str) -> str:
+    """' Did you mean --x?' for an unknown flag, or '' when nothing is close."""
+    flag = unknown.split("=", 1)[0]
+    known = sorted(_option_strings(parser))
+    close = difflib.get_close_matches(flag, known, n=1, cutoff=0.7)
+    return f" Did you mean {close[0]}?" if close else ""
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> set[str]:
+    found: set[str] = set()
+    for action in parser._actions:
+        found.update(action.option_strings)
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                found |= _option_strings(child)
+    return found

@@ -1,0 +1,257 @@
+"""Resolve one launch configuration from flags, a config file and defaults.
+
+Precedence: a flag > the config file in effect > the defaults below. Where a flag contradicts
+the file, the flag wins and a one-line notice names both values.
+
+The workers receive the result as one JSON object in `$ACCEL_LAUNCH_CONFIG`
+(`LaunchConfig.to_worker_dict`). Its schema (version 1):
+
+    version                      1
+    cpu                          bool: run on the CPU even when an accelerator is visible
+    backend                      str | null: process-group backend (null: accel-state picks)
+    mixed_precision              "no" | "fp16" | "bf16" | "fp8" | "fp16-true" | "bf16-true"
+    gradient_accumulation_steps  int >= 1
+    num_processes                int: total processes across all machines
+    num_machines                 int
+    machine_rank                 int: this machine's index
+    main_process_ip              str | null
+    main_process_port            int | null
+    gpu_ids                      str | null: "0,1" as given ("all" or null: every device)
+    config_file                  str | null: the file that was read, for the record
+    distributed_type             "DEEPSPEED" | "FSDP" (only when the file names a strategy)
+    fsdp_config, deepspeed_config, fp8_config, parallelism_config, dynamo_config
+                                 mapping, accelerate's keys, unchanged (only when set)
+    debug                        true (only when set)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from accel_cli import _schema
+from accel_cli._config import ConfigError, ConfigFile
+
+SCHEMA_VERSION = 1
+_FIELD_TO_KEY = {field: key for key, field in _schema.USED_KEYS.items()}
+_GPU_IDS = re.compile(r"^\d+(,\d+)*$")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LaunchConfig:
+    """Everything `accel launch` decided, validated; it reads no environment."""
+
+    num_processes: int = 1
+    num_machines: int = 1
+    machine_rank: int = 0
+    main_process_ip: str | None = None
+    main_process_port: int | None = None
+    mixed_precision: str = "no"
+    cpu: bool = False
+    gpu_ids: str | None = None
+    gradient_accumulation_steps: int = 1
+    backend: str | None = None
+    rdzv_backend: str = "static"
+    max_restarts: int = 0
+    num_cpu_threads_per_process: int | None = None
+    config_file: str | None = None
+    handed_down: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("num_processes", "num_machines", "gradient_accumulation_steps"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)}: expected at least 1.")
+        if not 0 <= self.machine_rank < self.num_machines:
+            raise ConfigError(
+                f"machine_rank={self.machine_rank} with num_machines={self.num_machines}: expected "
+                f"0 <= machine_rank < num_machines (the main machine is 0)."
+            )
+        if self.num_processes % self.num_machines:
+            lo = max(self.num_machines, self.num_processes // self.num_machines * self.num_machines)
+            raise ConfigError(
+                f"num_processes={self.num_processes} is the total across num_machines="
+                f"{self.num_machines} machines and must be a multiple of it (each machine runs "
+                f"num_processes / num_machines). Pass --num_processes {lo} or "
+                f"{lo + self.num_machines}."
+            )
+        if self.num_machines > 1 and not self.main_process_ip:
+            raise ConfigError(
+                f"num_machines={self.num_machines} needs --main_process_ip: the address of machine "
+                f"0, the same on every machine."
+            )
+        if self.main_process_port is not None and not 0 < self.main_process_port < 65536:
+            raise ConfigError(f"main_process_port={self.main_process_port}: expected 1 to 65535.")
+        if self.mixed_precision not in _schema.PRECISIONS:
+            raise ConfigError(
+                f"mixed_precision={self.mixed_precision!r}: expected one of "
+                f"{', '.join(_schema.PRECISIONS)}."
+            )
+        if self.rdzv_backend not in _schema.RDZV_BACKENDS:
+            raise ConfigError(
+                f"rdzv_backend={self.rdzv_backend!r}: expected one of "
+                f"{', '.join(_schema.RDZV_BACKENDS)}."
+            )
+        if self.max_restarts < 0:
+            raise ConfigError(f"max_restarts={self.max_restarts}: expected 0 or more.")
+        if self.num_cpu_threads_per_process is not None and self.num_cpu_threads_per_process < 1:
+            raise ConfigError(
+                f"num_cpu_threads_per_process={self.num_cpu_threads_per_process}: expected at "
+                f"least 1."
+            )
+        self._check_gpu_ids()
+
+    def _check_gpu_ids(self) -> None:
+        ids = self.gpu_id_list
+        if ids is None or self.cpu:
+            return
+        if self.nproc_per_node > len(ids):
+            raise ConfigError(
+                f"{self.nproc_per_node} processes per machine but gpu_ids={self.gpu_ids!r} lists "
+                f"{len(ids)} device(s). List one GPU per process, or lower --num_processes."
+            )
+
+    @property
+    def nproc_per_node(self) -> int:
+        return self.num_processes // self.num_machines
+
+    @property
+    def distributed(self) -> bool:
+        """Whether the launch goes through torchrun (more than one process in all)."""
+        return self.num_processes > 1 or self.num_machines > 1
+
+    @property
+    def gpu_id_list(self) -> list[int] | None:
+        if self.gpu_ids in (None, "all"):
+            return None
+        return [int(i) for i in self.gpu_ids.split(",")]
+
+    def to_worker_dict(self) -> dict[str, Any]:
+        """The JSON object handed to every worker (schema in the module docstring)."""
+        return {
+            "version": SCHEMA_VERSION,
+            "cpu": self.cpu,
+            "backend": self.backend,
+            "mixed_precision": self.mixed_precision,
+            "gradient_accumulation_steps": self.gradient_accumulation_steps,
+            "num_processes": self.num_processes,
+            "num_machines": self.num_machines,
+            "machine_rank": self.machine_rank,
+            "main_process_ip": self.main_process_ip,
+            "main_process_port": self.main_process_port,
+            "gpu_ids": self.gpu_ids,
+            "config_file": self.config_file,
+            **self.handed_down,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolution:
+    """A resolved config, where each value came from, and the notices to print."""
+
+    config: LaunchConfig
+    sources: dict[str, str]  # field -> "flag", "file" or "default"
+    notices: list[str]
+
+
+def resolve_launch_config(flags: Mapping[str, Any], file: ConfigFile | None = None) -> Resolution:
+    """Merge flags (only those the user gave) over a config file over the defaults."""
+    unknown = set(flags) - {f.name for f in dataclasses.fields(LaunchConfig)}
+    assert not unknown, f"not LaunchConfig fields: {unknown}"
+    file_values = dict(file.values) if file is not None else {}
+    if file_values.get("num_processes") == -1:  # accelerate's "not set"
+        del file_values["num_processes"]
+    chosen: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    notices: list[str] = []
+    given = [f.name for f in dataclasses.fields(LaunchConfig) if f.name in {*flags, *file_values}]
+    for name in given:  # in field order, so notices come out in a stable order
+        if name in flags:
+            value = coerce(name, flags[name], f"--{name}")
+            chosen[name], sources[name] = value, "flag"
+            if name in file_values:
+                key = _FIELD_TO_KEY[name]
+                from_file = coerce(name, file_values[name], f"{key} in {str(file.path)!r}")
+                if from_file != value:
+                    notices.append(
+                        f"--{name} {_show(value)} overrides {key}: {_show(from_file)} from "
+                        f"{file.path}"
+                    )
+        else:
+            key = _FIELD_TO_KEY[name]
+            chosen[name] = coerce(name, file_values[name], f"{key} in {str(file.path)!r}")
+            sources[name] = "file"
+    if "num_processes" not in chosen:
+        chosen["num_processes"] = _default_num_processes(chosen)
+    if file is not None:
+        chosen["config_file"] = str(file.path)
+        chosen["handed_down"] = dict(file.handed_down)
+        sources["config_file"] = sources["handed_down"] = "file"
+    for field in dataclasses.fields(LaunchConfig):
+        sources.setdefault(field.name, "default")
+    return Resolution(LaunchConfig(**chosen), sources, notices)
+
+
+def _default_num_processes(chosen: Mapping[str, Any]) -> int:
+    """One process per listed GPU on each machine, else one per machine."""
+    machines = chosen.get("num_machines", 1)
+    ids = chosen.get("gpu_ids")
+    if ids not in (None, "all") and not chosen.get("cpu", False):
+        return len(ids.split(",")) * machines
+    return machines
+
+
+def _show(value: Any) -> str:
+    return "true" if value is True else "false" if value is False else str(value)
+
+
+_INT_FIELDS = frozenset(
+    {
+        "num_processes",
+        "num_machines",
+        "machine_rank",
+        "main_process_port",
+        "gradient_accumulation_steps",
+        "max_restarts",
+        "num_cpu_threads_per_process",
+    }
+)
+
+
+def coerce(name: str, value: Any, where: str) -> Any:
+    """Turn a flag or file value into the field's type; `where` names it in errors."""
+    if value is None:
+        return None
+    if name in _INT_FIELDS:
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ConfigError(f"{where}={value!r}: expected an integer.")
+        try:
+            return int(value)
+        except ValueError:
+            raise ConfigError(f"{where}={value!r}: expected an integer.") from None
+    if name == "cpu":
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}={value!r}: expected true or false.")
+        return value
+    if name == "mixed_precision":
+        text = "no" if value is False else str(value).strip().lower()
+        if text not in _schema.PRECISIONS:
+            raise ConfigError(
+                f"{where}={value!r}: expected one of {', '.join(_schema.PRECISIONS)}."
+            )
+        return text
+    if name == "gpu_ids":
+        return _gpu_ids(value, where)
+    return str(value)
+
+
+def _gpu_ids(value: Any, where: str) -> str:
+    if isinstance(value, (list, tuple)):
+        value = ",".join(str(v) for v in value)
+    text = str(value).replace(" ", "")
+    if text.lower() == "all":
+        return "all"
+    if not _GPU_IDS.match(text):
+        raise ConfigError(f"{where}={value!r}: expected 'all' or device indices such as '0,1'.")
+    return text
