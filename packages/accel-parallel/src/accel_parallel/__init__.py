@@ -1,1 +1,28 @@
-"""accel-parallel."""
+"""accel-parallel: training strategies that wrap a model and its optimizer.
+
+One small object per backend behind `Strategy`; `select_strategy` picks it once.
+"""
+
+from accel_parallel._ddp import (
+    DDPCommunicationHookType,
+    DDPStrategy,
+    DistributedDataParallelKwargs,
+    register_comm_hook,
+)
+from accel_parallel._select import select_strategy
+from accel_parallel._single import SingleDeviceStrategy
+from accel_parallel._strategy import ProcessInfo, Strategy, no_sync_all
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DDPCommunicationHookType",
+    "DDPStrategy",
+    "DistributedDataParallelKwargs",
+    "ProcessInfo",
+    "SingleDeviceStrategy",
+    "Strategy",
+    "no_sync_all",
+    "register_comm_hook",
+    "select_strategy",
+]

@@ -1,0 +1,142 @@
+"""DistributedDataParallel: replicate the model, all-reduce gradients, `no_sync` to accumulate."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+from typing import Any
+
+from torch import nn
+
+from accel_parallel._strategy import ProcessInfo, Strategy
+
+
+class DDPCommunicationHookType(str, enum.Enum):
+    """Gradient communication hooks (torch.distributed.algorithms.ddp_comm_hooks)."""
+
+    NO = "no"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    POWER_SGD = "power_sgd"
+    BATCHED_POWER_SGD = "batched_power_sgd"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DistributedDataParallelKwargs:
+    """Arguments for `torch.nn.parallel.DistributedDataParallel` and its communication hook.
+
+    ``comm_wrapper`` (fp16 or bf16) compresses what a PowerSGD hook sends;
+    ``comm_state_option`` goes to ``PowerSGDState`` (e.g. ``{"matrix_approximation_rank": 2}``).
+    """
+
+    dim: int = 0
+    broadcast_buffers: bool = True
+    bucket_cap_mb: float = 25
+    find_unused_parameters: bool = False
+    check_reduction: bool = False
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+    comm_hook: DDPCommunicationHookType | str = DDPCommunicationHookType.NO
+    comm_wrapper: DDPCommunicationHookType | str = DDPCommunicationHookType.NO
+    comm_state_option: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for field in ("comm_hook", "comm_wrapper"):
+            value = getattr(self, field)
+            try:
+                object.__setattr__(self, field, DDPCommunicationHookType(value))
+            except ValueError:
+                accepted = [h.value for h in DDPCommunicationHookType]
+                raise ValueError(
+                    f"DistributedDataParallelKwargs.{field}={value!r}: expected one of {accepted}."
+                ) from None
+        if self.comm_wrapper not in (
+            DDPCommunicationHookType.NO,
+            DDPCommunicationHookType.FP16,
+            DDPCommunicationHookType.BF16,
+        ):
+            raise ValueError(
+                f"comm_wrapper={self.comm_wrapper.value!r}: a wrapper compresses another hook's "
+                f"traffic and must be 'fp16' or 'bf16' (or 'no')."
+            )
+        if self.bucket_cap_mb <= 0:
+            raise ValueError(f"bucket_cap_mb={self.bucket_cap_mb}: must be positive.")
+
+    def ddp_arguments(self) -> dict[str, Any]:
+        """The keyword arguments DistributedDataParallel itself takes.
+
+        `broadcast_buffers` is passed only when turned off: recent torch deprecates the
+        argument but has no other way to keep buffers rank-local.
+        """
+        optional = {} if self.broadcast_buffers else {"broadcast_buffers": False}
+        return {
+            **optional,
+            "dim": self.dim,
+            "bucket_cap_mb": self.bucket_cap_mb,
+            "find_unused_parameters": self.find_unused_parameters,
+            "check_reduction": self.check_reduction,
+            "gradient_as_bucket_view": self.gradient_as_bucket_view,
+            "static_graph": self.static_graph,
+        }
+
+
+def register_comm_hook(
+    model: nn.parallel.DistributedDataParallel, kwargs: DistributedDataParallelKwargs
+) -> None:
+    """Register the communication hook that `kwargs` asks for on a DDP model."""
+    hook_type = DDPCommunicationHookType(kwargs.comm_hook)
+    if hook_type is DDPCommunicationHookType.NO:
+        return
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if hook_type is DDPCommunicationHookType.FP16:
+        model.register_comm_hook(state=None, hook=default_hooks.fp16_compress_hook)
+        return
+    if hook_type is DDPCommunicationHookType.BF16:
+        model.register_comm_hook(state=None, hook=default_hooks.bf16_compress_hook)
+        return
+    hook = (
+        powerSGD_hook.powerSGD_hook
+        if hook_type is DDPCommunicationHookType.POWER_SGD
+        else powerSGD_hook.batched_powerSGD_hook
+    )
+    wrapper = DDPCommunicationHookType(kwargs.comm_wrapper)
+    if wrapper is DDPCommunicationHookType.FP16:
+        hook = default_hooks.fp16_compress_wrapper(hook)
+    elif wrapper is DDPCommunicationHookType.BF16:
+        hook = default_hooks.bf16_compress_wrapper(hook)
+    state = powerSGD_hook.PowerSGDState(process_group=None, **kwargs.comm_state_option)
+    model.register_comm_hook(state=state, hook=hook)
+
+
+class DDPStrategy(Strategy):
+    """Data parallel over all processes with torch's DistributedDataParallel."""
+
+    name = "ddp"
+    supports_no_sync = True
+
+    def __init__(
+        self, info: ProcessInfo, kwargs: DistributedDataParallelKwargs | None = None
+    ) -> None:
+        super().__init__(info)
+        self.kwargs = kwargs or DistributedDataParallelKwargs()
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        model = self.move_model(model)
+        if not any(p.requires_grad for p in model.parameters()):
+            return model  # nothing to synchronize (e.g. a frozen teacher model)
+        device_ids = None if self.device.type == "cpu" else [self.device.index or 0]
+        wrapped = nn.parallel.DistributedDataParallel(
+            model,
+            device_ids=device_ids,
+            output_device=device_ids[0] if device_ids else None,
+            **self.kwargs.ddp_arguments(),
+        )
+        register_comm_hook(wrapped, self.kwargs)
+        return wrapped
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            return model.no_sync()
+        return contextlib.nullcontext()

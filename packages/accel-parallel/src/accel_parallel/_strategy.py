@@ -1,0 +1,130 @@
+"""The strategy interface: one small object per backend, chosen once in `Accelerator.prepare`.
+
+What differs between backends, and what a strategy therefore owns:
+
+- wrapping the model (DDP wraps; FSDP2 shards parameters in place; DeepSpeed builds an engine;
+  a single device only moves it);
+- the optimizer (FSDP2 replaces parameters, so an optimizer made before sharding must be
+  re-pointed, ``adapts_optimizer``; DeepSpeed builds its own, ``owns_optimizer``);
+- backward, optimizer step and accumulation (DeepSpeed owns all three, ``owns_backward``);
+- skipping gradient synchronization on accumulation steps (``no_sync``);
+- gradient clipping (sharded norms need a collective);
+- the state dicts of model and optimizer, full or sharded, and their save/load (a checkpoint
+  writes through these methods, never with a hard-coded ``torch.save`` of a wrapped module).
+
+After ``prepare`` the Accelerator only calls these methods; it never branches on the type.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessInfo:
+    """What a strategy needs to know about the run; the caller reads it from accel-state."""
+
+    device: torch.device
+    num_processes: int = 1
+    process_index: int = 0
+    local_process_index: int = 0
+
+
+class Strategy:
+    """Base strategy: everything a single process on one device needs; backends override."""
+
+    name = "base"
+    owns_backward = False  # backward / step / accumulation are done by the engine (DeepSpeed)
+    owns_optimizer = False  # the engine builds or wraps the optimizer itself
+    adapts_optimizer = False  # parameters change identity when wrapping (FSDP2)
+    supports_no_sync = False
+
+    def __init__(self, info: ProcessInfo) -> None:
+        self.info = info
+
+    @property
+    def device(self) -> torch.device:
+        return self.info.device
+
+    # -- preparing -----------------------------------------------------------------------
+    def prepare(
+        self, models: list[nn.Module], optimizers: list[torch.optim.Optimizer]
+    ) -> tuple[list[nn.Module], list[torch.optim.Optimizer]]:
+        """Wrap the models and adapt the optimizers that were prepared in the same call."""
+        return [self.wrap_model(m) for m in models], optimizers
+
+    def move_model(self, model: nn.Module) -> nn.Module:
+        if any(p.device.type == "meta" for p in model.parameters()):
+            raise ValueError(
+                "The model has parameters on the meta device (made under init_empty_weights?); "
+                "load its weights first (e.g. load_checkpoint_in_model) before prepare()."
+            )
+        return model.to(self.device)
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def unwrap_model(self, model: nn.Module) -> nn.Module:
+        """The user's module under any wrapper this strategy added (or torch.compile's)."""
+        inner = model
+        while True:
+            if hasattr(inner, "_orig_mod"):  # torch.compile
+                inner = inner._orig_mod
+            elif isinstance(inner, nn.parallel.DistributedDataParallel | nn.DataParallel):
+                inner = inner.module
+            else:
+                return inner
+
+    # -- the step --------------------------------------------------------------------------
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
+        """Skip gradient synchronization for the block (a no-op where nothing is synced)."""
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor, backward_fn: Callable[..., None], **kwargs: Any) -> None:
+        """Run the backward. `backward_fn` is the precision object's (it scales for fp16)."""
+        backward_fn(loss, **kwargs)
+
+    def clip_grad_norm_(
+        self, parameters: Iterable[nn.Parameter], max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
+        return nn.utils.clip_grad_norm_(list(parameters), max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters: Iterable[nn.Parameter], clip_value: float) -> None:
+        nn.utils.clip_grad_value_(list(parameters), clip_value)
+
+    # -- state -------------------------------------------------------------------------------
+    def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The full state dict of the user's module, on every process."""
+        return self.unwrap_model(model).state_dict()
+
+    def load_model_state_dict(
+        self, model: nn.Module, state_dict: dict[str, torch.Tensor], strict: bool = True
+    ) -> Any:
+        return self.unwrap_model(model).load_state_dict(state_dict, strict=strict)
+
+    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        return optimizer.state_dict()
+
+    def load_optimizer_state_dict(
+        self, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]
+    ) -> None:
+        optimizer.load_state_dict(state_dict)
+
+    def saves_on_every_process(self) -> bool:
+        """True when each process must write its own shard of the model / optimizer state."""
+        return False
+
+
+@contextlib.contextmanager
+def no_sync_all(strategy: Strategy, models: Iterable[nn.Module]) -> Iterator[None]:
+    """Enter `strategy.no_sync` for several models at once."""
+    with contextlib.ExitStack() as stack:
+        for model in models:
+            stack.enter_context(strategy.no_sync(model))
+        yield
