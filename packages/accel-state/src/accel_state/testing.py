@@ -60,6 +60,12 @@ def _function_ref(fn: Callable[..., Any]) -> tuple[str, str, str | None]:
 
 def _load_function(ref: tuple[str, str, str | None]) -> Callable[..., Any]:
     module_name, qualname, path = ref
+    if module_name == "__main__":
+        # multiprocessing already imported the parent's script as __mp_main__; loading it
+        # again as __main__ would run its `if __name__ == "__main__":` block (and recurse).
+        module_name = "__mp_main__"
+        if module_name in sys.modules:
+            path = None
     if path is None:
         target: Any = importlib.import_module(module_name)
     else:
@@ -97,6 +103,7 @@ def _worker(
         }
     )
     os.environ.update(env)
+    _exit_with_parent()
     try:
         fn = _load_function(ref)
         args, kwargs = pickle.loads(call)
@@ -118,6 +125,22 @@ def _worker(
     tmp = Path(out_dir) / f"{rank}.tmp"
     tmp.write_bytes(payload)
     tmp.rename(Path(out_dir) / f"{rank}.pkl")
+
+
+def _exit_with_parent() -> None:
+    """A worker whose test process died (killed, timed out) exits instead of lingering in a
+    rendezvous or a collective."""
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(3)
+
+    threading.Thread(target=watch, name="accel-parent-watch", daemon=True).start()
 
 
 def run_distributed(
