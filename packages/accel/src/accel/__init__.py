@@ -1,1 +1,76 @@
-"""accel."""
+"""accel: one PyTorch training loop on a CPU, one GPU, many GPUs or many machines.
+
+The composition root of the workspace: `Accelerator` and the familiar top-level names,
+re-exported from the packages that own them.
+"""
+
+from accel._accelerator import Accelerator
+from accel._accelerator_state import AcceleratorState
+from accel._config import ProfileKwargs, ProjectConfiguration
+from accel._gradient_state import GradientAccumulationPlugin, GradientState
+from accel._launchers import debug_launcher, notebook_launcher
+from accel._memory import find_executable_batch_size, release_memory
+from accel._wrappers import AcceleratedOptimizer, AcceleratedScheduler
+from accel_bigmodel import (
+    cpu_offload,
+    cpu_offload_with_hook,
+    disk_offload,
+    dispatch_model,
+    infer_auto_device_map,
+    init_empty_weights,
+    init_on_device,
+    load_checkpoint_and_dispatch,
+)
+from accel_data import DataLoaderConfiguration, skip_first_batches
+from accel_parallel import DDPCommunicationHookType, DistributedDataParallelKwargs
+from accel_precision import (
+    AORecipeKwargs,
+    AutocastKwargs,
+    FP8RecipeKwargs,
+    GradScalerKwargs,
+    TERecipeKwargs,
+)
+from accel_state import (
+    DistributedType,
+    InitProcessGroupKwargs,
+    PartialState,
+    synchronize_rng_states,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AORecipeKwargs",
+    "AcceleratedOptimizer",
+    "AcceleratedScheduler",
+    "Accelerator",
+    "AcceleratorState",
+    "AutocastKwargs",
+    "DDPCommunicationHookType",
+    "DataLoaderConfiguration",
+    "DistributedDataParallelKwargs",
+    "DistributedType",
+    "FP8RecipeKwargs",
+    "GradScalerKwargs",
+    "GradientAccumulationPlugin",
+    "GradientState",
+    "InitProcessGroupKwargs",
+    "PartialState",
+    "ProfileKwargs",
+    "ProjectConfiguration",
+    "TERecipeKwargs",
+    "cpu_offload",
+    "cpu_offload_with_hook",
+    "debug_launcher",
+    "disk_offload",
+    "dispatch_model",
+    "find_executable_batch_size",
+    "infer_auto_device_map",
+    "init_empty_weights",
+    "init_on_device",
+    "load_checkpoint_and_dispatch",
+    "notebook_launcher",
+    "release_memory",
+    "skip_first_batches",
+    "synchronize_rng_states",
+]

@@ -1,0 +1,476 @@
+"""`Accelerator`: one training loop on CPU, one GPU, or many processes.
+
+It composes the packages: accel-state (who am I), accel-precision (one precision object),
+accel-parallel (one strategy), accel-data (sharded, resumable loaders), accel-tracking.
+Both backend objects are chosen once, in the constructor; afterwards every method calls
+them and never branches on the backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+import accel_state
+from accel._accelerator_state import AcceleratorState
+from accel._checkpointing import CheckpointingMixin
+from accel._config import ProfileKwargs, ProjectConfiguration, sort_kwargs_handlers
+from accel._gradient_state import GradientAccumulationPlugin, GradientState
+from accel._tracking_mixin import TrackingMixin
+from accel._wrappers import AcceleratedOptimizer, AcceleratedScheduler
+from accel_data import DataLoaderConfiguration, prepare_data_loader, skip_first_batches
+from accel_parallel import ProcessInfo, select_strategy
+from accel_precision import make_precision
+from accel_state import PartialState, ProcessControl, resolved_launch_config
+
+
+def _from_launch(name: str, code_value: Any, default: Any) -> Any:
+    """The code's value if given (warning when `accel launch` said otherwise), else the launch's."""
+    launched = resolved_launch_config()
+    if code_value is None:
+        return launched.get(name, default)
+    if name in launched and launched[name] != code_value:
+        warnings.warn(
+            f"The code sets {name}={code_value!r} but `accel launch` was configured with "
+            f"{name}={launched[name]!r}; using the code's value.",
+            stacklevel=3,
+        )
+    return code_value
+
+
+class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin):
+    """Runs an ordinary PyTorch training loop unchanged on one or many processes."""
+
+    def __init__(
+        self,
+        device_placement: bool = True,
+        split_batches: bool | None = None,
+        mixed_precision: str | None = None,
+        gradient_accumulation_steps: int | None = None,
+        cpu: bool | None = None,
+        dataloader_config: DataLoaderConfiguration | None = None,
+        rng_types: list[str] | None = None,
+        log_with: Any = None,
+        project_dir: str | os.PathLike[str] | None = None,
+        project_config: ProjectConfiguration | None = None,
+        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+        step_scheduler_with_optimizer: bool = True,
+        kwargs_handlers: list[Any] | None = None,
+        even_batches: bool | None = None,
+        dispatch_batches: bool | None = None,
+        use_seedable_sampler: bool | None = None,
+    ) -> None:
+        handlers = sort_kwargs_handlers(kwargs_handlers)
+        self.state = PartialState(
+            cpu=cpu, init_process_group_kwargs=handlers.get("init_process_group")
+        )
+        self.device_placement = device_placement
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.rng_types = list(rng_types) if rng_types is not None else ["generator"]
+        self.dataloader_config = _dataloader_config(
+            dataloader_config, split_batches, even_batches, dispatch_batches, use_seedable_sampler
+        )
+        self.project_configuration = project_config or ProjectConfiguration()
+        if project_dir is not None:
+            self.project_configuration.set_directories(project_dir)
+
+        mode = str(_from_launch("mixed_precision", mixed_precision, "no"))
+        self.precision = make_precision(
+            mode,
+            device_type=self.device.type,
+            autocast_kwargs=handlers.get("autocast"),
+            scaler_kwargs=handlers.get("scaler"),
+            fp8_kwargs=handlers.get("fp8"),
+        )
+        info = ProcessInfo(
+            device=self.device,
+            num_processes=self.num_processes,
+            process_index=self.process_index,
+            local_process_index=self.local_process_index,
+        )
+        self.strategy = select_strategy(info, ddp_kwargs=handlers.get("ddp"))
+        self.gradient_state = GradientState(
+            _accumulation_plugin(gradient_accumulation_plugin, gradient_accumulation_steps)
+        )
+        self.profile_handler: ProfileKwargs | None = handlers.get("profile")
+        AcceleratorState._record(mixed_precision=self.precision.name)
+        self._models: list[nn.Module] = []
+        self._optimizers: list[AcceleratedOptimizer] = []
+        self._schedulers: list[AcceleratedScheduler] = []
+        self._dataloaders: list[Any] = []
+        self._trigger = False
+        self._init_tracking(log_with)
+        self._init_checkpointing()
+
+    # -- the familiar properties ------------------------------------------------------------
+    device = property(lambda self: self.state.device)
+    distributed_type = property(lambda self: self.state.distributed_type)
+    num_processes = property(lambda self: self.state.num_processes)
+    process_index = property(lambda self: self.state.process_index)
+    local_process_index = property(lambda self: self.state.local_process_index)
+    is_main_process = property(lambda self: self.state.is_main_process)
+    is_local_main_process = property(lambda self: self.state.is_local_main_process)
+    is_last_process = property(lambda self: self.state.is_last_process)
+    use_distributed = property(lambda self: self.state.use_distributed)
+    mixed_precision = property(lambda self: self.precision.name)
+    sync_gradients = property(lambda self: self.gradient_state.sync_gradients)
+    split_batches = property(lambda self: self.dataloader_config.split_batches)
+    even_batches = property(lambda self: self.dataloader_config.even_batches)
+    dispatch_batches = property(lambda self: self.dataloader_config.dispatch_batches)
+    non_blocking = property(lambda self: self.dataloader_config.non_blocking)
+    use_seedable_sampler = property(lambda self: self.dataloader_config.use_seedable_sampler)
+    project_dir = property(lambda self: self.project_configuration.project_dir)
+    logging_dir = property(lambda self: self.project_configuration.logging_dir)
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.gradient_state.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, steps: int) -> None:
+        import dataclasses
+
+        self.gradient_state.plugin = dataclasses.replace(
+            self.gradient_state.plugin, num_steps=steps
+        )
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        return any(opt.step_was_skipped for opt in self._optimizers)
+
+    # -- prepare ------------------------------------------------------------------------------
+    def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
+        """Prepare models, optimizers, schedulers and dataloaders, in any order and number.
+
+        Returns them in the same order (a single object when one was passed). Objects of
+        other types are returned untouched.
+        """
+        placement = device_placement or [self.device_placement] * len(args)
+        if len(placement) != len(args):
+            raise ValueError(
+                f"device_placement has {len(placement)} entries for {len(args)} objects."
+            )
+        result = list(args)
+        models = [i for i, a in enumerate(args) if isinstance(a, nn.Module)]
+        optims = [i for i, a in enumerate(args) if isinstance(a, torch.optim.Optimizer)]
+        raw_optims = [args[i] for i in optims]
+        for i in models:
+            result[i] = self._prepare_model(args[i], raw_optims, placement[i])
+        for i in optims:
+            result[i] = self._prepare_optimizer(args[i])
+        for i, obj in enumerate(args):
+            if _is_scheduler(obj):
+                result[i] = self._prepare_scheduler(obj)
+            elif isinstance(obj, torch.utils.data.DataLoader):
+                result[i] = self._prepare_dataloader(obj, placement[i])
+        return result[0] if len(result) == 1 else tuple(result)
+
+    def prepare_model(
+        self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
+    ) -> nn.Module:
+        placement = self.device_placement if device_placement is None else device_placement
+        if evaluation_mode:
+            model = self.precision.wrap_forward(self.precision.convert_module(model))
+            return model.to(self.device) if placement else model
+        return self._prepare_model(model, [], placement)
+
+    def _prepare_model(self, model: nn.Module, optimizers: list[Any], placement: bool) -> nn.Module:
+        if any(model is m or self.unwrap_model(m) is model for m in self._models):
+            return model
+        model = self.precision.convert_module(model, *optimizers)
+        model = self.precision.wrap_forward(model)
+        if placement or self.num_processes > 1:
+            model = self.strategy.wrap_model(model)
+        self._models.append(model)
+        return model
+
+    def _prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
+        if isinstance(optimizer, AcceleratedOptimizer):
+            return optimizer
+        wrapped = AcceleratedOptimizer(optimizer, self.precision, self.gradient_state)
+        self._optimizers.append(wrapped)
+        return wrapped
+
+    def prepare_optimizer(
+        self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
+    ) -> AcceleratedOptimizer:
+        return self._prepare_optimizer(optimizer)
+
+    def _prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
+        inner = getattr(scheduler, "optimizer", None)
+        optimizers = [o for o in self._optimizers if o.optimizer is inner or o is inner]
+        if inner is not None and not optimizers:
+            raise ValueError(
+                "prepare() got a scheduler whose optimizer was not prepared; pass the optimizer "
+                "to prepare() too (before or together with its scheduler)."
+            )
+        if isinstance(inner, AcceleratedOptimizer):
+            scheduler.optimizer = inner.optimizer
+        wrapped = AcceleratedScheduler(
+            scheduler,
+            optimizers,
+            self.gradient_state,
+            step_with_optimizer=self.step_scheduler_with_optimizer,
+            split_batches=self.split_batches,
+            num_processes=self.num_processes,
+        )
+        self._schedulers.append(wrapped)
+        return wrapped
+
+    def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
+        return self._prepare_scheduler(scheduler)
+
+    def _prepare_dataloader(self, dataloader: Any, placement: bool) -> Any:
+        prepared = prepare_data_loader(
+            dataloader,
+            num_processes=self.num_processes,
+            process_index=self.process_index,
+            device=self.device,
+            put_on_device=placement,
+            iteration_observer=self.gradient_state,
+            **self.dataloader_config.prepare_kwargs(),
+        )
+        self._dataloaders.append(prepared)
+        return prepared
+
+    def prepare_data_loader(self, data_loader: Any, device_placement: bool | None = None) -> Any:
+        placement = self.device_placement if device_placement is None else device_placement
+        return self._prepare_dataloader(data_loader, placement)
+
+    # -- the step -----------------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """`loss.backward()`, divided by the accumulation steps and scaled for fp16."""
+        if self.gradient_accumulation_steps > 1:
+            loss = loss / self.gradient_accumulation_steps
+        self.strategy.backward(loss, self.precision.backward, **kwargs)
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: nn.Module) -> Iterator[None]:
+        """One micro-batch: gradients sync (and the optimizer steps) every N micro-batches and
+        on the last batch of the dataloader; in between, `no_sync` skips the all-reduce."""
+        self.gradient_state.advance()
+        allow_sync = self.sync_gradients or (
+            self.use_distributed and self.gradient_state.plugin.sync_each_batch
+        )
+        with contextlib.ExitStack() as stack:
+            if not allow_sync:
+                for model in models:
+                    stack.enter_context(self.strategy.no_sync(model))
+            yield
+
+    @contextlib.contextmanager
+    def no_sync(self, model: nn.Module) -> Iterator[None]:
+        with self.strategy.no_sync(model):
+            yield
+
+    @contextlib.contextmanager
+    def trigger_sync_in_backward(self, model: nn.Module) -> Iterator[None]:
+        """Force a gradient sync for the backward in this block (inside a no_sync region)."""
+        yield
+
+    def unscale_gradients(self, optimizer: Any = None) -> None:
+        targets = self._optimizers if optimizer is None else [optimizer]
+        for opt in targets:
+            if isinstance(opt, AcceleratedOptimizer):
+                opt.unscale_gradients()
+
+    def clip_grad_norm_(
+        self, parameters: Any, max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor | None:
+        """Clip the gradient norm (fp16 gradients are unscaled first). On micro-steps that do
+        not sync, gradients are still accumulating: nothing is done and None is returned."""
+        if not self.sync_gradients:
+            return None
+        self.unscale_gradients()
+        return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type)
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        if not self.sync_gradients:
+            return
+        self.unscale_gradients()
+        self.strategy.clip_grad_value_(parameters, clip_value)
+
+    def autocast(self, autocast_handler: Any = None) -> contextlib.AbstractContextManager[Any]:
+        return self.precision.autocast()
+
+    # -- collectives ----------------------------------------------------------------------------
+    def gather(self, tensor: Any) -> Any:
+        return accel_state.gather(tensor)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """Gather across processes and drop the duplicates that padded the final batch."""
+        all_tensors = _only_tensors(input_data)
+        if use_gather_object or not all_tensors:
+            data = accel_state.gather_object(input_data)
+        else:
+            data = accel_state.gather(input_data)
+        if not self.gradient_state.end_of_dataloader:
+            return data
+        remainder = self.gradient_state.remainder
+        if remainder < 0:
+            warnings.warn(
+                "gather_for_metrics: the dataloader's length is unknown, so the padded samples "
+                "of the last batch cannot be dropped; drop them yourself.",
+                stacklevel=2,
+            )
+            return data
+        if remainder == 0:
+            return data
+        if isinstance(data, list):
+            return data[:remainder]
+        return accel_state.recursively_apply(lambda t: t[:remainder], data)
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        return accel_state.reduce(tensor, reduction, scale)
+
+    def pad_across_processes(
+        self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
+    ) -> Any:
+        return accel_state.pad_across_processes(tensor, dim, pad_index, pad_first)
+
+    def set_trigger(self) -> None:
+        """Raise a flag on this process; `check_trigger` sees it on every process."""
+        self._trigger = True
+
+    def check_trigger(self) -> bool:
+        """True on every process if any process called `set_trigger` (then the flag resets)."""
+        flag = torch.tensor([1.0 if self._trigger else 0.0], device=self._collective_device())
+        if self.reduce(flag, "sum").item() > 0:
+            self._trigger = False
+            return True
+        return False
+
+    def _collective_device(self) -> torch.device:
+        return torch.device("cpu") if self.state.backend in (None, "gloo") else self.device
+
+    # -- models -------------------------------------------------------------------------------
+    def unwrap_model(
+        self, model: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
+    ) -> nn.Module:
+        inner = self.strategy.unwrap_model(model)
+        if not keep_fp32_wrapper:
+            inner = self.precision.unwrap_forward(inner)
+        return inner
+
+    def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        if unwrap:
+            return self.strategy.model_state_dict(model)
+        return model.state_dict()
+
+    def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
+        """Save `obj` on the main process (safetensors for a dict of tensors when asked)."""
+        if not self.is_main_process:
+            return
+        if safe_serialization:
+            from safetensors.torch import save_file
+
+            save_file(obj, os.fspath(f), metadata={"format": "pt"})
+        else:
+            torch.save(obj, f)
+
+    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+        return skip_first_batches(dataloader, num_batches)
+
+    def free_memory(self, *objects: Any) -> list[None]:
+        """Drop the references the Accelerator holds and empty the device cache."""
+        self._models.clear()
+        self._optimizers.clear()
+        self._schedulers.clear()
+        self._dataloaders.clear()
+        gc.collect()
+        _empty_cache(self.device)
+        return [None] * len(objects)
+
+    clear = free_memory
+
+    @contextlib.contextmanager
+    def profile(self, profile_handler: ProfileKwargs | None = None) -> Iterator[Any]:
+        """torch.profiler around the block; a Chrome trace per process when a directory is set."""
+        from accel._profile import make_profiler
+
+        handler = profile_handler or self.profile_handler or ProfileKwargs()
+        with make_profiler(handler, self.device) as prof:
+            yield prof
+        if handler.output_trace_dir:
+            os.makedirs(handler.output_trace_dir, exist_ok=True)
+            path = os.path.join(handler.output_trace_dir, f"trace_rank{self.process_index}.json")
+            prof.export_chrome_trace(path)
+
+    def __repr__(self) -> str:
+        return f"Accelerator(strategy={self.strategy.name}, mixed_precision={self.mixed_precision!r}, state={self.state!r})"
+
+
+def _is_scheduler(obj: Any) -> bool:
+    return isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (
+        hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "get_last_lr")
+    )
+
+
+def _only_tensors(data: Any) -> bool:
+    found = {"other": False}
+
+    def visit(obj: Any) -> None:
+        if isinstance(obj, torch.Tensor):
+            return
+        if isinstance(obj, (list, tuple)):
+            for o in obj:
+                visit(o)
+        elif isinstance(obj, dict):
+            for o in obj.values():
+                visit(o)
+        else:
+            found["other"] = True
+
+    visit(data)
+    return not found["other"]
+
+
+def _empty_cache(device: torch.device) -> None:
+    if device.type != "cpu":
+        module = torch.get_device_module(device.type)
+        if hasattr(module, "empty_cache"):
+            module.empty_cache()
+
+
+def _dataloader_config(
+    config: DataLoaderConfiguration | None,
+    split_batches: bool | None,
+    even_batches: bool | None,
+    dispatch_batches: bool | None,
+    use_seedable_sampler: bool | None,
+) -> DataLoaderConfiguration:
+    import dataclasses
+
+    config = config or DataLoaderConfiguration()
+    overrides = {
+        k: v
+        for k, v in {
+            "split_batches": split_batches,
+            "even_batches": even_batches,
+            "dispatch_batches": dispatch_batches,
+            "use_seedable_sampler": use_seedable_sampler,
+        }.items()
+        if v is not None
+    }
+    return dataclasses.replace(config, **overrides) if overrides else config
+
+
+def _accumulation_plugin(
+    plugin: GradientAccumulationPlugin | None, steps: int | None
+) -> GradientAccumulationPlugin:
+    if plugin is not None:
+        if steps not in (None, 1, plugin.num_steps):
+            raise ValueError(
+                f"gradient_accumulation_steps={steps} and gradient_accumulation_plugin="
+                f"{plugin!r} disagree; pass only the plugin."
+            )
+        return plugin
+    steps = _from_launch("gradient_accumulation_steps", steps, 1)
+    return GradientAccumulationPlugin(num_steps=int(steps))
