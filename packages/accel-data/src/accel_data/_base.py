@@ -113,6 +113,18 @@ class _PreparedLoader:
     def _base_iterator(self, skip: int) -> Iterator[Any]:
         """Start the base loader at batch `skip` (sampler-level when it has a batch sampler)."""
         gen = getattr(self.base_dataloader, "generator", None)
+        if gen is None or getattr(self, "_owns_generator", False):
+            # No generator of the user's: creating the iterator would draw the workers' base
+            # seed from the global RNG, so a resumed run (whose global RNG was restored
+            # mid-epoch) would diverge from an unbroken one (dropout masks, augmentation).
+            # A private generator seeded from (seed, epoch) keeps both streams exact.
+            if gen is None:
+                gen = torch.Generator()
+                self.base_dataloader.generator = gen
+                self._owns_generator = True
+            seed = 0 if self._seedable is None else int(self._seedable.seed)
+            gen.manual_seed((seed * 1_000_003 + self._epoch) % (2**63))
+            self._pending_gen_state = None
         if gen is not None:
             if self._pending_gen_state is not None:
                 gen.set_state(self._pending_gen_state)

@@ -9,6 +9,7 @@ from accel_parallel._ddp import (
     DistributedDataParallelKwargs,
     register_comm_hook,
 )
+from accel_parallel._io import fsync_dir, fsync_file, save_object
 from accel_parallel._select import select_strategy
 from accel_parallel._single import SingleDeviceStrategy
 from accel_parallel._strategy import ProcessInfo, Strategy, no_sync_all
@@ -22,7 +23,10 @@ __all__ = [
     "ProcessInfo",
     "SingleDeviceStrategy",
     "Strategy",
+    "fsync_dir",
+    "fsync_file",
     "no_sync_all",
     "register_comm_hook",
+    "save_object",
     "select_strategy",
 ]

@@ -20,10 +20,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from accel_parallel._io import save_object
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +122,53 @@ class Strategy:
     def saves_on_every_process(self) -> bool:
         """True when each process must write its own shard of the model / optimizer state."""
         return False
+
+    # -- files (a checkpoint goes through these; sharded strategies write per-rank shards) ----
+    def save_model_files(
+        self,
+        model: nn.Module,
+        directory: Path,
+        name: str,
+        *,
+        writer: bool,
+        write_full: Callable[[dict[str, torch.Tensor], Path], None],
+    ) -> None:
+        """Write the model's weights under `directory` / `name`.
+
+        This strategy gathers the full state dict and `write_full` (the caller's format:
+        safetensors or torch) writes it on the writing process; a sharded strategy writes one
+        shard per process instead.
+        """
+        state = self.model_state_dict(model)
+        if writer:
+            write_full(state, directory / name)
+
+    def load_model_files(
+        self,
+        model: nn.Module,
+        directory: Path,
+        name: str,
+        *,
+        read_full: Callable[[Path], dict[str, torch.Tensor]],
+        strict: bool = True,
+    ) -> None:
+        self.load_model_state_dict(model, read_full(directory / name), strict=strict)
+
+    def save_optimizer_files(
+        self, optimizer: torch.optim.Optimizer, directory: Path, name: str, *, writer: bool
+    ) -> None:
+        state = self.optimizer_state_dict(optimizer)
+        if writer:
+            save_object(state, directory / f"{name}.bin")
+
+    def load_optimizer_files(
+        self, optimizer: torch.optim.Optimizer, directory: Path, name: str
+    ) -> None:
+        path = directory / f"{name}.bin"
+        if not path.exists():
+            raise FileNotFoundError(f"the checkpoint in {directory} has no {path.name}")
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        self.load_optimizer_state_dict(optimizer, state)
 
 
 @contextlib.contextmanager

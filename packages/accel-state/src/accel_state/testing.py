@@ -104,6 +104,9 @@ def _worker(
     )
     os.environ.update(env)
     _exit_with_parent()
+    # A process started by torchrun uses the platform's default start method for its own
+    # children (DataLoader workers); a spawned worker would inherit "spawn" instead.
+    multiprocessing.set_start_method(multiprocessing.get_all_start_methods()[0], force=True)
     try:
         fn = _load_function(ref)
         args, kwargs = pickle.loads(call)

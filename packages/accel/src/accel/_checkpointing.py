@@ -1,8 +1,360 @@
-"""save_state / load_state (filled in by the checkpointing module)."""
+"""save_state / load_state: exact resume, atomic checkpoints; save_model: sharded weights.
+
+A checkpoint is a folder written in a hidden temporary folder beside its final place, every
+file fsynced, then completed by a marker file (``accel_checkpoint.json``, written last) and
+renamed into place. A crash at any moment leaves either the previous checkpoints untouched or
+a temporary folder that `load_state()` ignores, saying so.
+
+What is saved: each model's weights and each optimizer's state (through the strategy), each
+scheduler, the precision scaler, registered objects; and per process: every RNG (python,
+numpy, torch, accelerator), each prepared dataloader's position, the gradient accumulation
+micro-step and, in the middle of an accumulation, the gradients accumulated so far.
+"""
 
 from __future__ import annotations
 
+import collections
+import json
+import os
+import random
+import re
+import shutil
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+from accel._io import read_weights, weights_writer
+from accel_parallel import fsync_dir, fsync_file, save_object
+
+MARKER = "accel_checkpoint.json"
+FORMAT_VERSION = 1
+_CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)$")
+
+
+def _name(kind: str, index: int) -> str:
+    return kind if index == 0 else f"{kind}_{index}"
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    try:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        state["numpy"] = (kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, cached)
+    except ImportError:
+        pass
+    acc = getattr(torch, "accelerator", None)
+    if acc is not None and acc.is_available():
+        module = torch.get_device_module(acc.current_accelerator().type)
+        state["accelerator"] = module.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
+    if "accelerator" in state:
+        acc = torch.accelerator.current_accelerator()
+        if acc is not None:
+            torch.get_device_module(acc.type).set_rng_state_all(state["accelerator"])
+
+
+def complete_checkpoints(root: Path) -> tuple[list[Path], list[Path]]:
+    """(complete checkpoint_<n> folders sorted by n, incomplete ones) under `root`."""
+    complete, incomplete = [], []
+    if root.is_dir():
+        for entry in root.iterdir():
+            if _CHECKPOINT_RE.match(entry.name):
+                (complete if (entry / MARKER).exists() else incomplete).append(entry)
+            elif entry.name.startswith(".checkpoint_") and entry.name.endswith(".incomplete"):
+                incomplete.append(entry)
+    complete.sort(key=lambda p: int(_CHECKPOINT_RE.match(p.name).group(1)))
+    return complete, sorted(incomplete)
+
 
 class CheckpointingMixin:
+    """The Accelerator's checkpoint methods (it supplies the attributes used here)."""
+
     def _init_checkpointing(self) -> None:
-        self._custom_objects: list = []
+        self._custom_objects: list[Any] = []
+        self._save_hooks: collections.OrderedDict[int, Callable] = collections.OrderedDict()
+        self._load_hooks: collections.OrderedDict[int, Callable] = collections.OrderedDict()
+
+    # -- registration ----------------------------------------------------------------------
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Save and restore these objects (anything with state_dict / load_state_dict)."""
+        bad = [
+            o for o in objects if not (hasattr(o, "state_dict") and hasattr(o, "load_state_dict"))
+        ]
+        if bad:
+            raise ValueError(
+                f"register_for_checkpointing needs objects with state_dict() and "
+                f"load_state_dict(); these have not: {[type(o).__name__ for o in bad]}."
+            )
+        self._custom_objects.extend(objects)
+
+    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """``hook(models, weights, output_dir)`` before the models are saved; removing a
+        model's entry from `weights` skips writing it (the hook saves it its own way)."""
+        handle = RemovableHandle(self._save_hooks)
+        self._save_hooks[handle.id] = hook
+        return handle
+
+    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """``hook(models, input_dir)`` before the models are loaded; removing a model from
+        `models` skips loading it."""
+        handle = RemovableHandle(self._load_hooks)
+        self._load_hooks[handle.id] = hook
+        return handle
+
+    # -- saving ------------------------------------------------------------------------------
+    def _writer(self) -> bool:
+        pc = self.project_configuration
+        return self.is_local_main_process if pc.save_on_each_node else self.is_main_process
+
+    def _checkpoint_root(self) -> Path:
+        if self.project_dir is None:
+            raise ValueError(
+                "automatic_checkpoint_naming needs a project directory: pass project_dir= to "
+                "the Accelerator (or ProjectConfiguration(project_dir=...))."
+            )
+        return Path(self.project_dir) / "checkpoints"
+
+    def save_state(
+        self, output_dir: str | os.PathLike[str] | None = None, safe_serialization: bool = True
+    ) -> str:
+        """Save everything needed to resume exactly; returns the checkpoint folder."""
+        pc = self.project_configuration
+        if pc.automatic_checkpoint_naming:
+            if output_dir is not None:
+                raise ValueError(
+                    "automatic_checkpoint_naming is on: call save_state() without output_dir "
+                    f"(got {output_dir!r})."
+                )
+            target = self._checkpoint_root() / f"checkpoint_{pc.iteration}"
+        elif output_dir is None:
+            raise ValueError(
+                "save_state() needs output_dir, or ProjectConfiguration("
+                "automatic_checkpoint_naming=True) with a project_dir."
+            )
+        else:
+            target = Path(output_dir)
+        tmp = target.parent / f".{target.name}.incomplete"
+        if self._writer():
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir(parents=True)
+        self.wait_for_everyone()
+        self._write_checkpoint(tmp, safe_serialization)
+        self.wait_for_everyone()
+        if self._writer():
+            self._write_marker(tmp)
+            trash = target.parent / f".{target.name}.old"
+            if target.exists():
+                target.rename(trash)
+            tmp.rename(target)
+            fsync_dir(target.parent)
+            if trash.exists():
+                shutil.rmtree(trash)
+        self.wait_for_everyone()
+        if pc.automatic_checkpoint_naming:
+            pc.iteration += 1
+            if self._writer() and pc.total_limit is not None:
+                complete, _ = complete_checkpoints(target.parent)
+                for old in complete[: max(len(complete) - pc.total_limit, 0)]:
+                    shutil.rmtree(old)
+        return os.fspath(target)
+
+    def _write_checkpoint(self, tmp: Path, safe: bool) -> None:
+        writer = self._writer()
+        write_full = weights_writer(safe)
+        if self._save_hooks:
+            # The familiar hook protocol: hooks see the full state dicts and may remove
+            # entries (they then save those models their own way); the rest are written.
+            models = list(self._models)
+            weights = [self.get_state_dict(m) for m in models]
+            for hook in self._save_hooks.values():
+                hook(models, weights, os.fspath(tmp))
+            if writer:
+                for i, state in enumerate(weights):
+                    write_full(state, tmp / _name("model", i))
+        else:
+            for i, model in enumerate(self._models):
+                self.strategy.save_model_files(
+                    model, tmp, _name("model", i), writer=writer, write_full=write_full
+                )
+        for i, opt in enumerate(self._optimizers):
+            self.strategy.save_optimizer_files(
+                opt.optimizer, tmp, _name("optimizer", i), writer=writer
+            )
+        if writer:
+            for i, sched in enumerate(self._schedulers):
+                save_object(sched.state_dict(), tmp / f"{_name('scheduler', i)}.bin")
+            save_object(self.precision.state_dict(), tmp / "scaler.pt")
+            for i, obj in enumerate(self._custom_objects):
+                save_object(obj.state_dict(), tmp / f"custom_checkpoint_{i}.pkl")
+        save_object(self._process_state(), tmp / f"process_{self.process_index}.pt")
+
+    def _process_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {
+            "rng": _rng_state(),
+            "dataloaders": [dl.state_dict() for dl in self._dataloaders],
+            "gradient_state": self.gradient_state.state_dict(),
+        }
+        if self.gradient_state.step > 0:  # mid-accumulation: keep what was accumulated so far
+            state["gradients"] = [
+                {
+                    n: p.grad.detach().cpu()
+                    for n, p in self.unwrap_model(m).named_parameters()
+                    if p.grad is not None
+                }
+                for m in self._models
+            ]
+        return state
+
+    def _write_marker(self, tmp: Path) -> None:
+        meta = {
+            "format": FORMAT_VERSION,
+            "num_processes": self.num_processes,
+            "models": len(self._models),
+            "optimizers": len(self._optimizers),
+            "schedulers": len(self._schedulers),
+            "dataloaders": len(self._dataloaders),
+            "custom_objects": len(self._custom_objects),
+            "mixed_precision": self.mixed_precision,
+            "iteration": self.project_configuration.iteration,
+            "files": sorted(p.name for p in tmp.iterdir()),
+        }
+        marker = tmp / MARKER
+        marker.write_text(json.dumps(meta, indent=1))
+        fsync_file(marker)
+        fsync_dir(tmp)
+
+    # -- loading -----------------------------------------------------------------------------
+    def _newest_checkpoint(self) -> Path:
+        root = self._checkpoint_root()
+        complete, incomplete = complete_checkpoints(root)
+        if incomplete and self.is_main_process:
+            warnings.warn(
+                f"load_state: ignoring incomplete checkpoints (a save was interrupted): "
+                f"{[p.name for p in incomplete]}",
+                stacklevel=3,
+            )
+        if not complete:
+            raise FileNotFoundError(f"load_state(): no complete checkpoint under {root}.")
+        return complete[-1]
+
+    def load_state(
+        self, input_dir: str | os.PathLike[str] | None = None, **load_kwargs: Any
+    ) -> str:
+        """Restore what save_state saved; with no path, the newest complete checkpoint."""
+        if input_dir is None:
+            if not self.project_configuration.automatic_checkpoint_naming:
+                raise ValueError(
+                    "load_state() needs input_dir unless ProjectConfiguration("
+                    "automatic_checkpoint_naming=True) is used."
+                )
+            source = self._newest_checkpoint()
+        else:
+            source = Path(input_dir)
+        meta = self._check_checkpoint(source)
+        models = list(self._models)
+        for hook in self._load_hooks.values():
+            hook(models, os.fspath(source))
+        strict = load_kwargs.get("strict", True)
+        for i, model in enumerate(self._models):
+            if any(model is m for m in models):
+                self.strategy.load_model_files(
+                    model, source, _name("model", i), read_full=read_weights, strict=strict
+                )
+        for i, opt in enumerate(self._optimizers):
+            self.strategy.load_optimizer_files(opt.optimizer, source, _name("optimizer", i))
+        for i, sched in enumerate(self._schedulers):
+            sched.load_state_dict(_load(source / f"{_name('scheduler', i)}.bin"))
+        self.precision.load_state_dict(_load(source / "scaler.pt"))
+        for i, obj in enumerate(self._custom_objects):
+            obj.load_state_dict(_load(source / f"custom_checkpoint_{i}.pkl", trusted=True))
+        self._load_process_state(source)
+        match = _CHECKPOINT_RE.match(source.name)
+        if self.project_configuration.automatic_checkpoint_naming and match:
+            self.project_configuration.iteration = int(match.group(1)) + 1
+        del meta
+        return os.fspath(source)
+
+    def _check_checkpoint(self, source: Path) -> dict[str, Any]:
+        marker = source / MARKER
+        if not marker.exists():
+            raise FileNotFoundError(
+                f"{source} is not a complete accel checkpoint (no {MARKER}): the folder does not "
+                f"exist, or a save into it was interrupted. Pass a complete checkpoint."
+            )
+        meta = json.loads(marker.read_text())
+        expected = {
+            "num_processes": self.num_processes,
+            "models": len(self._models),
+            "optimizers": len(self._optimizers),
+            "schedulers": len(self._schedulers),
+            "dataloaders": len(self._dataloaders),
+            "custom_objects": len(self._custom_objects),
+        }
+        differ = {k: (meta.get(k), v) for k, v in expected.items() if meta.get(k) != v}
+        if differ:
+            detail = ", ".join(f"{k}: saved {a}, now {b}" for k, (a, b) in differ.items())
+            raise ValueError(
+                f"the checkpoint {source} does not match this run ({detail}). Prepare the same "
+                f"objects (and register the same ones) as the run that saved it, on as many "
+                f"processes."
+            )
+        return meta
+
+    def _load_process_state(self, source: Path) -> None:
+        state = _load(source / f"process_{self.process_index}.pt")
+        for dl, dl_state in zip(self._dataloaders, state["dataloaders"]):
+            dl.load_state_dict(dl_state)
+        self.gradient_state.load_state_dict(state["gradient_state"])
+        for model, grads in zip(self._models, state.get("gradients", [])):
+            for name, param in self.unwrap_model(model).named_parameters():
+                param.grad = grads[name].to(param.device) if name in grads else None
+        _set_rng_state(state["rng"])
+
+    # -- model export ------------------------------------------------------------------------
+    def save_model(
+        self,
+        model: torch.nn.Module,
+        save_directory: str | os.PathLike[str],
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        """Write the model's weights for inference, sharded with an index json when large."""
+        from accel._export import save_sharded
+
+        state = self.get_state_dict(model)
+        if self._writer():
+            save_sharded(state, Path(save_directory), max_shard_size, safe_serialization)
+        self.wait_for_everyone()
+
+
+def _load(path: Path, trusted: bool = False) -> Any:
+    if not path.exists():
+        raise FileNotFoundError(f"the checkpoint is missing {path.name} (in {path.parent})")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:
+        if not trusted:
+            raise
+        warnings.warn(
+            f"{path.name} holds objects beyond tensors and plain values; loading it with full "
+            f"unpickling (only load checkpoints you trust).",
+            stacklevel=3,
+        )
+        return torch.load(path, map_location="cpu", weights_only=False)
