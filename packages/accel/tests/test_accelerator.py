@@ -303,3 +303,11 @@ def test_familiar_module_paths() -> None:
     )
 
     get_logger(__name__).info("hello", main_process_only=True)
+
+
+def test_unavailable_strategies_are_clear_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(NotImplementedError, match="FSDP and DeepSpeed"):
+        Accelerator(cpu=True, fsdp_plugin=object())
+    monkeypatch.setenv("ACCEL_LAUNCH_CONFIG", json.dumps({"distributed_type": "FSDP", "cpu": True}))
+    with pytest.raises(NotImplementedError, match="'fsdp' is not available"):
+        Accelerator()

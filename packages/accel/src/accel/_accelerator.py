@@ -66,7 +66,14 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin):
         even_batches: bool | None = None,
         dispatch_batches: bool | None = None,
         use_seedable_sampler: bool | None = None,
+        deepspeed_plugin: Any = None,
+        fsdp_plugin: Any = None,
     ) -> None:
+        if deepspeed_plugin is not None or fsdp_plugin is not None:
+            raise NotImplementedError(
+                "FSDP and DeepSpeed strategies are not available in this version of accel; "
+                "single device and DDP are. Remove deepspeed_plugin / fsdp_plugin."
+            )
         handlers = sort_kwargs_handlers(kwargs_handlers)
         self.state = PartialState(
             cpu=cpu, init_process_group_kwargs=handlers.get("init_process_group")
@@ -95,7 +102,12 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin):
             process_index=self.process_index,
             local_process_index=self.local_process_index,
         )
-        self.strategy = select_strategy(info, ddp_kwargs=handlers.get("ddp"))
+        launched_type = str(resolved_launch_config().get("distributed_type", "")).upper()
+        self.strategy = select_strategy(
+            info,
+            name={"FSDP": "fsdp", "DEEPSPEED": "deepspeed"}.get(launched_type),
+            ddp_kwargs=handlers.get("ddp"),
+        )
         self.gradient_state = GradientState(
             _accumulation_plugin(gradient_accumulation_plugin, gradient_accumulation_steps)
         )
