@@ -260,3 +260,11 @@ def test_child_environment():
     threads = resolve_launch_config({"num_processes": 2, "num_cpu_threads_per_process": 3}).config
     assert build_env(threads, {"OMP_NUM_THREADS": "6"})["OMP_NUM_THREADS"] == "3"
     assert set(build_env(LaunchConfig(), base)) == {"PATH", "ACCEL_LAUNCH_CONFIG"}
+
+
+def test_worker_dict_names_the_explicit_fields_only() -> None:
+    from accel_cli import resolve_launch_config
+
+    resolved = resolve_launch_config({"mixed_precision": "bf16", "num_processes": 2})
+    explicit = resolved.config.to_worker_dict()["explicit"]
+    assert explicit == ["mixed_precision", "num_processes"]

@@ -311,3 +311,18 @@ def test_unavailable_strategies_are_clear_errors(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("ACCEL_LAUNCH_CONFIG", json.dumps({"distributed_type": "FSDP", "cpu": True}))
     with pytest.raises(NotImplementedError, match="'fsdp' is not available"):
         Accelerator()
+
+
+def test_launch_defaults_do_not_warn(
+    monkeypatch: pytest.MonkeyPatch, recwarn: pytest.WarningsRecorder
+) -> None:
+    launched = {
+        "gradient_accumulation_steps": 1,
+        "mixed_precision": "no",
+        "cpu": True,
+        "explicit": ["cpu"],
+    }
+    monkeypatch.setenv("ACCEL_LAUNCH_CONFIG", json.dumps(launched))
+    acc = Accelerator(gradient_accumulation_steps=2, mixed_precision="bf16")
+    assert acc.gradient_accumulation_steps == 2 and acc.mixed_precision == "bf16"
+    assert not [w for w in recwarn if "accel launch" in str(w.message)]

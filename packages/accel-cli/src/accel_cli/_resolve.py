@@ -18,6 +18,8 @@ The workers receive the result as one JSON object in `$ACCEL_LAUNCH_CONFIG`
     main_process_port            int | null
     gpu_ids                      str | null: "0,1" as given ("all" or null: every device)
     config_file                  str | null: the file that was read, for the record
+    explicit                     [str]: the fields above that a flag or the file set (the
+                                 rest are defaults; code may override them silently)
     distributed_type             "DEEPSPEED" | "FSDP" (only when the file names a strategy)
     fsdp_config, deepspeed_config, fp8_config, parallelism_config, dynamo_config
                                  mapping, accelerate's keys, unchanged (only when set)
@@ -58,6 +60,9 @@ class LaunchConfig:
     num_cpu_threads_per_process: int | None = None
     config_file: str | None = None
     handed_down: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # The fields a flag or the config file set (not defaults): the worker warns about a
+    # conflict with the code only for these.
+    explicit: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("num_processes", "num_machines", "gradient_accumulation_steps"):
@@ -142,6 +147,7 @@ class LaunchConfig:
             "main_process_port": self.main_process_port,
             "gpu_ids": self.gpu_ids,
             "config_file": self.config_file,
+            "explicit": list(self.explicit),
             **self.handed_down,
         }
 
@@ -188,6 +194,7 @@ def resolve_launch_config(flags: Mapping[str, Any], file: ConfigFile | None = No
         chosen["config_file"] = str(file.path)
         chosen["handed_down"] = dict(file.handed_down)
         sources["config_file"] = sources["handed_down"] = "file"
+    chosen["explicit"] = tuple(sorted(k for k, v in sources.items() if k in given))
     for field in dataclasses.fields(LaunchConfig):
         sources.setdefault(field.name, "default")
     return Resolution(LaunchConfig(**chosen), sources, notices)

@@ -13,7 +13,11 @@ from accel_parallel._strategy import ProcessInfo, Strategy
 
 
 class DDPCommunicationHookType(str, enum.Enum):
-    """Gradient communication hooks (torch.distributed.algorithms.ddp_comm_hooks)."""
+    """Gradient communication hooks (torch.distributed.algorithms.ddp_comm_hooks).
+
+    Note: in torch 2.15 the batched PowerSGD hook raises an AssertionError as soon as it
+    starts compressing (after ``start_powerSGD_iter`` steps); plain PowerSGD works.
+    """
 
     NO = "no"
     FP16 = "fp16"

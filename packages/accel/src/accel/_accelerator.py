@@ -36,7 +36,8 @@ def _from_launch(name: str, code_value: Any, default: Any) -> Any:
     launched = resolved_launch_config()
     if code_value is None:
         return launched.get(name, default)
-    if name in launched and launched[name] != code_value:
+    explicit = launched.get("explicit", list(launched))  # what a flag or the file set
+    if name in launched and name in explicit and launched[name] != code_value:
         warnings.warn(
             f"The code sets {name}={code_value!r} but `accel launch` was configured with "
             f"{name}={launched[name]!r}; using the code's value.",
