@@ -78,12 +78,13 @@ class GradientState:
 
     def advance(self) -> None:
         """Called once per micro-batch by `Accelerator.accumulate`: decide whether to sync."""
-        if self.plugin.sync_with_dataloader and self.end_of_dataloader:
+        plugin = self.plugin
+        if plugin.sync_with_dataloader and self.active_dataloaders and self.end_of_dataloader:
             self.step = 0
             self.sync_gradients = True
         else:
             self.step += 1
-            self.sync_gradients = self.step % self.num_steps == 0
+            self.sync_gradients = self.step % plugin.num_steps == 0
             if self.sync_gradients:
                 self.step = 0
 
