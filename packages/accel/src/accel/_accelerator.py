@@ -30,7 +30,6 @@ from accel_parallel import ProcessInfo, no_sync_all, select_strategy
 from accel_precision import make_precision
 from accel_state import PartialState, ProcessControl, resolved_launch_config
 
-
 _NULL_CONTEXT = contextlib.nullcontext()
 
 
