@@ -7,6 +7,7 @@ EXPECTED = [
     "ProcessInfo",
     "SingleDeviceStrategy",
     "Strategy",
+    "deferred_fsync",
     "fsync_dir",
     "fsync_file",
     "no_sync_all",

@@ -9,7 +9,7 @@ from accel_parallel._ddp import (
     DistributedDataParallelKwargs,
     register_comm_hook,
 )
-from accel_parallel._io import fsync_dir, fsync_file, save_object
+from accel_parallel._io import deferred_fsync, fsync_dir, fsync_file, save_object
 from accel_parallel._select import select_strategy
 from accel_parallel._single import SingleDeviceStrategy
 from accel_parallel._strategy import ProcessInfo, Strategy, no_sync_all
@@ -23,6 +23,7 @@ __all__ = [
     "ProcessInfo",
     "SingleDeviceStrategy",
     "Strategy",
+    "deferred_fsync",
     "fsync_dir",
     "fsync_file",
     "no_sync_all",

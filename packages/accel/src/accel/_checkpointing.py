@@ -28,7 +28,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from accel._io import read_weights, weights_writer
-from accel_parallel import fsync_dir, fsync_file, save_object
+from accel_parallel import deferred_fsync, fsync_dir, fsync_file, save_object
 
 MARKER = "accel_checkpoint.json"
 FORMAT_VERSION = 1
@@ -155,7 +155,8 @@ class CheckpointingMixin:
                 shutil.rmtree(tmp)
             tmp.mkdir(parents=True)
         self.wait_for_everyone()
-        self._write_checkpoint(tmp, safe_serialization)
+        with deferred_fsync():  # each file flushes while the next one is written
+            self._write_checkpoint(tmp, safe_serialization)
         self.wait_for_everyone()
         if self._writer():
             self._write_marker(tmp)
@@ -178,6 +179,11 @@ class CheckpointingMixin:
     def _write_checkpoint(self, tmp: Path, safe: bool) -> None:
         writer = self._writer()
         write_full = weights_writer(safe)
+        # The optimizers first: usually the largest files, their flush overlaps the rest.
+        for i, opt in enumerate(self._optimizers):
+            self.strategy.save_optimizer_files(
+                opt.optimizer, tmp, _name("optimizer", i), writer=writer
+            )
         if self._save_hooks:
             # The familiar hook protocol: hooks see the full state dicts and may remove
             # entries (they then save those models their own way); the rest are written.
@@ -193,10 +199,6 @@ class CheckpointingMixin:
                 self.strategy.save_model_files(
                     model, tmp, _name("model", i), writer=writer, write_full=write_full
                 )
-        for i, opt in enumerate(self._optimizers):
-            self.strategy.save_optimizer_files(
-                opt.optimizer, tmp, _name("optimizer", i), writer=writer
-            )
         if writer:
             for i, sched in enumerate(self._schedulers):
                 save_object(sched.state_dict(), tmp / f"{_name('scheduler', i)}.bin")
