@@ -19,3 +19,8 @@ def test_deferred_fsync_waits_and_reports_errors(tmp_path: Path) -> None:
         fsync_file(tmp_path / "missing.bin")
     with pytest.raises(FileNotFoundError):  # outside the block: immediate
         fsync_file(tmp_path / "missing.bin")
+
+
+def test_deferred_fsync_can_be_switched_off(tmp_path: Path) -> None:
+    with deferred_fsync(enabled=False):
+        fsync_file(tmp_path / "missing.bin")  # skipped, so no error

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-_DEFERRED: contextvars.ContextVar[tuple[ThreadPoolExecutor, list[Future]] | None] = (
+_DEFERRED: contextvars.ContextVar[tuple[ThreadPoolExecutor, list[Future]] | bool | None] = (
     contextvars.ContextVar("accel_deferred_fsync", default=None)
 )
 
@@ -34,14 +34,26 @@ def fsync_file(path: str | os.PathLike[str]) -> None:
     deferred = _DEFERRED.get()
     if deferred is None:
         _fsync(path)
+    elif deferred is False:  # inside deferred_fsync(enabled=False)
+        return
     else:
         pool, futures = deferred
         futures.append(pool.submit(_fsync, path))
 
 
 @contextlib.contextmanager
-def deferred_fsync(max_workers: int = 4) -> Iterator[None]:
-    """Run the fsyncs of the block in background threads; wait for all of them on exit."""
+def deferred_fsync(max_workers: int = 4, enabled: bool = True) -> Iterator[None]:
+    """Run the fsyncs of the block in background threads; wait for all of them on exit.
+
+    ``enabled=False`` skips them: the files reach the disk when the OS writes them back.
+    """
+    if not enabled:
+        token = _DEFERRED.set(False)
+        try:
+            yield
+        finally:
+            _DEFERRED.reset(token)
+        return
     with ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="accel-fsync") as pool:
         futures: list[Future] = []
         token = _DEFERRED.set((pool, futures))

@@ -155,11 +155,12 @@ class CheckpointingMixin:
                 shutil.rmtree(tmp)
             tmp.mkdir(parents=True)
         self.wait_for_everyone()
-        with deferred_fsync():  # each file flushes while the next one is written
+        with deferred_fsync(enabled=pc.fsync):  # files flush while the next one is written
             self._write_checkpoint(tmp, safe_serialization)
         self.wait_for_everyone()
         if self._writer():
-            self._write_marker(tmp)
+            with deferred_fsync(enabled=pc.fsync):
+                self._write_marker(tmp)
             trash = target.parent / f".{target.name}.old"
             if target.exists():
                 target.rename(trash)

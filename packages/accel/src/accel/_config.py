@@ -29,6 +29,10 @@ class ProjectConfiguration:
       only after the new one is complete).
     - ``iteration``: the number of the next automatic checkpoint.
     - ``save_on_each_node``: write the checkpoint on every node's main process (no shared disk).
+    - ``fsync``: flush every checkpoint file to disk before the checkpoint is marked complete
+      (the default). Off, saving is faster and a crashed process still never leaves a broken
+      newest checkpoint (files are complete in the OS cache before the rename), but an OS
+      crash or power loss shortly after a save can lose it.
     """
 
     project_dir: str | None = None
@@ -37,6 +41,7 @@ class ProjectConfiguration:
     total_limit: int | None = None
     iteration: int = 0
     save_on_each_node: bool = False
+    fsync: bool = True
 
     def __post_init__(self) -> None:
         if self.logging_dir is None:
