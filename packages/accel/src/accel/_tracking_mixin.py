@@ -70,10 +70,10 @@ class TrackingMixin:
             tracker.log(values, step=step, **log_kwargs.get(tracker.name, {}))
 
     def end_training(self) -> None:
-        """Finish every tracker (main process only), then close the process group cleanly
-        once every process got here; call once, at the end."""
+        """Finish every tracker (main process only), then close the process group; call
+        once, at the end, on every process (no barrier: a script that calls it on the main
+        process only does not hang)."""
         for tracker in self.trackers:
             tracker.finish()
         self.trackers = []
-        self.wait_for_everyone()
         self.state.destroy_process_group()
