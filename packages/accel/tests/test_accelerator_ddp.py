@@ -75,6 +75,12 @@ def _ddp_worker() -> dict:
             optimizer.zero_grad()
         per_step.append((calls[0] - before, accelerator.sync_gradients))
     out["allreduces"] = per_step
+    # inside no_sync, trigger_sync_in_backward still all-reduces that backward
+    before = calls[0]
+    with accelerator.no_sync(model), accelerator.trigger_sync_in_backward(model):
+        accelerator.backward(loss_of(model, {"x": data.x[:2], "y": data.y[:2]}))
+    out["triggered_allreduces"] = calls[0] - before
+    optimizer.zero_grad()
     out["accum_weights"] = {k: v.clone() for k, v in accelerator.get_state_dict(model).items()}
 
     # gather_for_metrics over datasets whose length does not divide
@@ -128,6 +134,7 @@ def test_ddp_accumulation_skips_allreduce_on_non_sync_steps(ddp_results: list[di
         assert syncs == [False, True, False, True]
         assert counts[0] == 0 and counts[2] == 0, counts
         assert counts[1] >= 1 and counts[3] >= 1, counts
+        assert out["triggered_allreduces"] >= 1
     # 2 processes x 2 micro-batches of 2 == one process, one step on the batch of 8
     acc = Accelerator(cpu=True)
     model = make_model(1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+from collections.abc import Iterator
 from typing import Any
 
 from torch import nn
@@ -144,3 +145,18 @@ class DDPStrategy(Strategy):
         if isinstance(model, nn.parallel.DistributedDataParallel):
             return model.no_sync()
         return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def sync_in_backward(self, model: nn.Module) -> Iterator[None]:
+        """Inside `no_sync`, make the next backward all-reduce anyway (e.g. the last micro-step
+        of a region that was entered without knowing it would be the last)."""
+        if not isinstance(model, nn.parallel.DistributedDataParallel):
+            yield
+            return
+        saved = (model.require_backward_grad_sync, model.require_forward_param_sync)
+        model.require_backward_grad_sync = model.require_forward_param_sync = True
+        model.reducer.prepare_for_backward([])
+        try:
+            yield
+        finally:
+            model.require_backward_grad_sync, model.require_forward_param_sync = saved

@@ -89,6 +89,10 @@ class Strategy:
         """Skip gradient synchronization for the block (a no-op where nothing is synced)."""
         return contextlib.nullcontext()
 
+    def sync_in_backward(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
+        """Synchronize gradients in the backward of this block even inside `no_sync`."""
+        return contextlib.nullcontext()
+
     def backward(self, loss: torch.Tensor, backward_fn: Callable[..., None], **kwargs: Any) -> None:
         """Run the backward. `backward_fn` is the precision object's (it scales for fp16)."""
         backward_fn(loss, **kwargs)

@@ -285,10 +285,9 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin):
         with self.strategy.no_sync(model):
             yield
 
-    @contextlib.contextmanager
-    def trigger_sync_in_backward(self, model: nn.Module) -> Iterator[None]:
+    def trigger_sync_in_backward(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
         """Force a gradient sync for the backward in this block (inside a no_sync region)."""
-        yield
+        return self.strategy.sync_in_backward(model)
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
         targets = self._optimizers if optimizer is None else [optimizer]
@@ -313,6 +312,13 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin):
         self.strategy.clip_grad_value_(parameters, clip_value)
 
     def autocast(self, autocast_handler: Any = None) -> contextlib.AbstractContextManager[Any]:
+        """The precision's autocast. Per-call AutocastKwargs are not supported: pass them once
+        in `kwargs_handlers` (a handler given here raises rather than being ignored)."""
+        if autocast_handler is not None:
+            raise ValueError(
+                "accelerator.autocast(autocast_handler=...) is not supported; pass the "
+                "AutocastKwargs in Accelerator(kwargs_handlers=[...]) instead."
+            )
         return self.precision.autocast()
 
     # -- collectives ----------------------------------------------------------------------------
@@ -370,6 +376,8 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin):
         self, model: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
     ) -> nn.Module:
         inner = self.strategy.unwrap_model(model)
+        if keep_torch_compile and hasattr(model, "_orig_mod"):
+            inner = model  # the compiled module, as asked
         if not keep_fp32_wrapper:
             inner = self.precision.unwrap_forward(inner)
         return inner
