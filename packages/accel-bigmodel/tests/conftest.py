@@ -108,13 +108,6 @@ def write_checkpoint(model: nn.Module, folder: str, fmt: str, shards: int = 1) -
     return folder
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _dynamo_imported_once():
-    """torch sets TORCHINDUCTOR_CACHE_DIR when torch._dynamo is first imported (random init on
-    the meta device imports it); import it before any test so no test sees that change."""
-    import torch._dynamo  # noqa: F401
-
-
 @pytest.fixture
 def reference() -> TinyLM:
     return make_reference()

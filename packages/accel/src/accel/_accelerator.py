@@ -9,6 +9,7 @@ them and never branches on the backend.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import os
 import warnings
@@ -150,8 +151,6 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin):
 
     @gradient_accumulation_steps.setter
     def gradient_accumulation_steps(self, steps: int) -> None:
-        import dataclasses
-
         self.gradient_state.plugin = dataclasses.replace(
             self.gradient_state.plugin, num_steps=steps
         )
@@ -469,8 +468,6 @@ def _dataloader_config(
     dispatch_batches: bool | None,
     use_seedable_sampler: bool | None,
 ) -> DataLoaderConfiguration:
-    import dataclasses
-
     config = config or DataLoaderConfiguration()
     overrides = {
         k: v

@@ -270,7 +270,7 @@ class CheckpointingMixin:
             source = self._newest_checkpoint()
         else:
             source = Path(input_dir)
-        meta = self._check_checkpoint(source)
+        self._check_checkpoint(source)
         models = list(self._models)
         for hook in self._load_hooks.values():
             hook(models, os.fspath(source))
@@ -291,10 +291,9 @@ class CheckpointingMixin:
         match = _CHECKPOINT_RE.match(source.name)
         if self.project_configuration.automatic_checkpoint_naming and match:
             self.project_configuration.iteration = int(match.group(1)) + 1
-        del meta
         return os.fspath(source)
 
-    def _check_checkpoint(self, source: Path) -> dict[str, Any]:
+    def _check_checkpoint(self, source: Path) -> None:
         marker = source / MARKER
         if not marker.exists():
             raise FileNotFoundError(
@@ -318,7 +317,6 @@ class CheckpointingMixin:
                 f"objects (and register the same ones) as the run that saved it, on as many "
                 f"processes."
             )
-        return meta
 
     def _load_process_state(self, source: Path) -> None:
         state = _load(source / f"process_{self.process_index}.pt")
