@@ -75,6 +75,10 @@ def test_cpu_offload_and_disk_offload_match_and_restore(kit, reference, ids, tmp
         model = kit.make_reference()
         cpu_offload(model, execution_device="cpu")
         assert model.body.layers[0].mlp[0].weight.is_meta
+        # The top module holds only a buffer: it still gets a hook (that moves the buffer to
+        # the execution device), after the hook that records where the inputs came from.
+        top = model._hf_hook.hooks
+        assert top[0].io_same_device and top[1].execution_device == torch.device("cpu")
         torch.testing.assert_close(model(ids), expected)
         remove_hook_from_module(model, recurse=True)
         assert not model.body.layers[0].mlp[0].weight.is_meta

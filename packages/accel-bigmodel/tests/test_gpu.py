@@ -5,6 +5,7 @@ import torch
 
 from accel_bigmodel import (
     cpu_offload,
+    disk_offload,
     dispatch_model,
     init_empty_weights,
     load_checkpoint_and_dispatch,
@@ -41,13 +42,21 @@ def test_dispatch_with_cpu_and_disk_blocks_on_cuda(kit, reference, ids, tmp_path
 
 
 @pytest.mark.gpu
-def test_cpu_offload_with_prefetch_keeps_outputs(kit, ids):
+@pytest.mark.parametrize("where", ["cpu", "disk"])
+def test_offload_with_prefetch_keeps_outputs(kit, ids, tmp_path, where):
     model = kit.make_reference()
     with torch.no_grad():
         expected = model(ids)
-        cpu_offload(model, execution_device=0)
+        if where == "cpu":
+            cpu_offload(model, execution_device=0)
+        else:
+            disk_offload(model, tmp_path / "off", execution_device=0)
+        assert model.pos.is_cuda  # a top-level buffer is placed on the execution device
         for _ in range(3):
-            torch.testing.assert_close(model(ids), expected)
+            out = model(ids)  # CPU inputs in, CPU outputs back
+            assert out.device.type == "cpu"
+            torch.testing.assert_close(out, expected)
+        torch.testing.assert_close(model(ids.cuda()).cpu(), expected)
     assert model.body.layers[0].mlp[0].weight.is_meta
 
 

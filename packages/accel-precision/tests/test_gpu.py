@@ -66,7 +66,8 @@ def _train(precision, steps: int = 20) -> tuple[list[float], torch.Tensor, nn.Mo
     return losses, first, model
 
 
-def test_fp16_on_cuda_trains_and_skips_on_inf():
+@pytest.mark.parametrize("fused", [False, True])
+def test_fp16_on_cuda_trains_and_skips_on_inf(fused):
     p = make_precision(
         "fp16", device_type="cuda", scaler_kwargs=GradScalerKwargs(init_scale=1024.0)
     )
@@ -74,13 +75,20 @@ def test_fp16_on_cuda_trains_and_skips_on_inf():
     assert out.dtype == torch.float32
     assert losses[-1] < 0.8 * losses[0], losses
     model = nn.Linear(16, 16).cuda()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    # fused AdamW unscales inside its own kernel (GradScaler hands it the scale)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1, fused=fused)
     scale = p.scaler.get_scale()
     p.backward(model(torch.randn(4, 16, device="cuda")).sum())
     model.weight.grad[0, 0] = float("inf")
+    before = model.weight.detach().clone()
     assert p.step(opt) is False and p.optimizer_step_was_skipped
+    assert torch.equal(model.weight, before)
     p.update()
     assert p.scaler.get_scale() == scale / 2
+    opt.zero_grad()
+    p.backward(model(torch.randn(4, 16, device="cuda")).sum())
+    assert p.step(opt) is True and not p.optimizer_step_was_skipped
+    assert not torch.equal(model.weight, before)
 
 
 def _check_close_to_bf16(losses: list[float], out: torch.Tensor) -> None:

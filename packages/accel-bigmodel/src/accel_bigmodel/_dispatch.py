@@ -158,11 +158,11 @@ def cpu_offload(
     device = _torch_device(normalize_device(execution_device or _default_device()))
     if state_dict is None:
         state_dict = {n: t.detach().to("cpu") for n, t in model.state_dict(keep_vars=True).items()}
+    add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
     attach_align_device_hook(
         model, device, offload=True, weights_map=state_dict, offload_buffers=offload_buffers,
         preload_module_classes=preload_module_classes,
     )  # fmt: skip
-    add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
     if prefetch and device.type == "cuda":
         Prefetcher.attach(model, device)
     return model
@@ -181,11 +181,11 @@ def disk_offload(
         offload_state_dict(offload_dir, model.state_dict())
     device = _torch_device(normalize_device(execution_device or _default_device()))
     loader = OffloadedWeightsLoader(save_folder=offload_dir)
+    add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
     attach_align_device_hook(
         model, device, offload=True, weights_map=loader, offload_buffers=offload_buffers,
         preload_module_classes=preload_module_classes,
     )  # fmt: skip
-    add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
     if prefetch and device.type == "cuda":
         Prefetcher.attach(model, device)
     return model

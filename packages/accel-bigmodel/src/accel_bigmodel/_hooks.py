@@ -331,8 +331,11 @@ def attach_align_device_hook(
     """
     preload = set(preload_module_classes or ())
     whole = type(module).__name__ in preload
-    has_own = any(True for _ in module.parameters(recurse=False))
-    has_own = has_own or (offload_buffers and any(True for _ in module.buffers(recurse=False)))
+    # Buffers count even when they are not offloaded: the hook moves them to the execution
+    # device (a top-level buffer left on the CPU breaks the forward on a GPU).
+    has_own = any(True for _ in module.parameters(recurse=False)) or any(
+        True for _ in module.buffers(recurse=False)
+    )
     if has_own or whole:
         prefix = f"{module_name}." if module_name else ""
         data = (

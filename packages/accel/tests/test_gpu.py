@@ -1,0 +1,216 @@
+"""The Accelerator on a CUDA GPU: fp16 loss scaling, bf16, exact resume, and NCCL in one process.
+
+Each case runs in a fresh spawned process (as a launched script would), so CUDA state, RNG and
+the process group start clean; skipped without a GPU.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _models import RegressionData, loss_of, make_model
+
+from accel_state.testing import run_distributed
+
+pytestmark = pytest.mark.gpu
+
+
+def _fp16_overflow_skips() -> dict:
+    from accel import Accelerator, GradScalerKwargs
+
+    acc = Accelerator(mixed_precision="fp16", kwargs_handlers=[GradScalerKwargs(init_scale=1024.0)])
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    model, opt, sched = acc.prepare(model, opt, sched)
+    data = RegressionData(8)
+    batch = {"x": data.x.to(acc.device), "y": data.y.to(acc.device)}
+    before = {k: v.clone() for k, v in acc.get_state_dict(model).items()}
+    with acc.autocast():
+        half = (batch["x"] @ batch["x"].T).dtype  # the prepared model's outputs are fp32
+        loss = loss_of(model, batch) * float("inf")
+    acc.backward(loss)
+    opt.step()
+    sched.step()
+    opt.zero_grad()
+    skipped = acc.optimizer_step_was_skipped
+    unchanged = all(torch.equal(v, before[k]) for k, v in acc.get_state_dict(model).items())
+    result = {
+        "device": str(next(model.parameters()).device),
+        "autocast_dtype": str(half),
+        "skipped": skipped,
+        "unchanged": unchanged,
+        "lr_after_skip": sched.get_last_lr(),
+        "scale_after_skip": acc.precision.scaler.get_scale(),
+    }
+    losses = []
+    for _ in range(20):
+        with acc.autocast():
+            loss = loss_of(model, batch)
+        acc.backward(loss)
+        acc.clip_grad_norm_(model.parameters(), 10.0)
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    result["first_skipped_again"] = acc.optimizer_step_was_skipped
+    result["losses"] = losses
+    result["lr_after_steps"] = sched.get_last_lr()
+    return result
+
+
+def test_fp16_on_cuda_overflow_skips_the_step_then_trains():
+    (r,) = run_distributed(_fp16_overflow_skips, world_size=1, timeout=180)
+    assert r["device"].startswith("cuda") and r["autocast_dtype"] == "torch.float16"
+    assert r["skipped"] and r["unchanged"]
+    assert r["lr_after_skip"] == [0.1] and r["scale_after_skip"] == 512.0
+    assert not r["first_skipped_again"]
+    assert r["losses"][-1] < 0.5 * r["losses"][0], r["losses"]
+
+
+def _bf16_trains() -> dict:
+    from accel import Accelerator
+
+    acc = Accelerator(mixed_precision="bf16")
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    model, opt = acc.prepare(model, opt)
+    data = RegressionData(64)
+    x, y = data.x.to(acc.device), data.y.to(acc.device)
+    with acc.autocast():
+        inner = (x @ x.T).dtype
+    losses = []
+    for _ in range(40):
+        with acc.autocast():
+            loss = nn.functional.mse_loss(model(x), y)
+        acc.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return {"inner": str(inner), "out": str(model(x).dtype), "losses": losses}
+
+
+def test_bf16_on_cuda_autocasts_inside_and_returns_fp32():
+    (r,) = run_distributed(_bf16_trains, world_size=1, timeout=180)
+    assert r["inner"] == "torch.bfloat16" and r["out"] == "torch.float32"
+    assert r["losses"][-1] < 0.2 * r["losses"][0], r["losses"]
+
+
+class _Progress:
+    def __init__(self) -> None:
+        self.epoch, self.micro = 0, 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "micro": self.micro}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.micro = state["epoch"], state["micro"]
+
+
+def _resume_run(project: str, stop_after: int | None, resume: bool, backend: str | None) -> dict:
+    """2 epochs: shuffle, 2 loader workers, dropout on CUDA, accumulation 2, fp16, a decaying LR.
+    Stop and save after micro-step `stop_after`, or resume from the newest checkpoint. With
+    `backend`, a one-process group of that backend (NCCL) is made first and adopted."""
+    import torch.distributed as dist
+
+    from accel import Accelerator, ProjectConfiguration
+    from accel.utils import set_seed
+
+    if backend:
+        torch.cuda.set_device(0)
+        dist.init_process_group(backend, device_id=torch.device("cuda", 0))
+    set_seed(0)
+    acc = Accelerator(
+        mixed_precision="fp16",
+        gradient_accumulation_steps=2,
+        project_config=ProjectConfiguration(project_dir=project, automatic_checkpoint_naming=True),
+    )
+    model = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.9**s)
+    loader = DataLoader(RegressionData(40), batch_size=4, shuffle=True, num_workers=2)
+    model, opt, loader, sched = acc.prepare(model, opt, loader, sched)
+    progress = _Progress()
+    acc.register_for_checkpointing(progress)
+    if resume:
+        acc.load_state()
+    seen: list[int] = []
+    while progress.epoch < 2:
+        for batch in loader:
+            with acc.accumulate(model):
+                with acc.autocast():
+                    loss = loss_of(model, batch)
+                acc.backward(loss)
+                opt.step()
+                sched.step()
+                opt.zero_grad()
+            seen.extend(batch["index"].tolist())
+            progress.micro += 1
+            if progress.micro == stop_after:
+                acc.save_state()
+                return {"seen": seen}
+        progress.epoch += 1
+    weights = {k: v.detach().cpu().clone() for k, v in acc.get_state_dict(model).items()}
+    return {
+        "seen": seen,
+        "weights": weights,
+        "lr": sched.get_last_lr(),
+        "scale": acc.precision.scaler.get_scale(),
+        "device": str(acc.device),
+        "backend": dist.get_backend() if dist.is_initialized() else None,
+    }
+
+
+@pytest.mark.parametrize("backend", [None, "nccl"])
+def test_resume_on_cuda_equals_the_uninterrupted_run_bit_for_bit(tmp_path, backend):
+    root = str(tmp_path)
+    (full,) = run_distributed(_resume_run, f"{root}/full", None, False, backend, world_size=1)
+    for stop in (3, 7):  # mid-accumulation in epoch 0, and in epoch 1
+        (first,) = run_distributed(
+            _resume_run, f"{root}/{stop}", stop, False, backend, world_size=1
+        )
+        (rest,) = run_distributed(_resume_run, f"{root}/{stop}", None, True, backend, world_size=1)
+        assert first["seen"] + rest["seen"] == full["seen"]
+        assert rest["lr"] == full["lr"] and rest["scale"] == full["scale"]
+        for k, v in full["weights"].items():
+            assert torch.equal(rest["weights"][k], v), k
+    assert full["device"].startswith("cuda") and full["backend"] == backend
+
+
+def _nccl_collectives() -> dict:
+    import torch.distributed as dist
+
+    from accel import Accelerator
+    from accel.utils import broadcast, gather_object
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
+    acc = Accelerator()
+    t = torch.arange(6, device=acc.device, dtype=torch.float32).view(2, 3)
+    acc.wait_for_everyone()
+    return {
+        "backend": dist.get_backend(),
+        "state": (acc.num_processes, acc.process_index, str(acc.device)),
+        "gather": acc.gather(t).cpu(),
+        "reduce": acc.reduce(t, "sum").cpu(),
+        "mean": acc.reduce(t, "mean").cpu(),
+        "pad": acc.pad_across_processes(t, dim=0).cpu(),
+        "broadcast": broadcast(t.clone()).cpu(),
+        "objects": gather_object({"rank": acc.process_index}),
+        "metrics": acc.gather_for_metrics(t).cpu(),
+    }
+
+
+def test_nccl_process_group_in_one_process_runs_the_collectives():
+    (r,) = run_distributed(_nccl_collectives, world_size=1, timeout=180)
+    t = torch.arange(6, dtype=torch.float32).view(2, 3)
+    assert r["backend"] == "nccl" and r["state"] == (1, 0, "cuda:0")
+    for key in ("gather", "reduce", "mean", "pad", "broadcast", "metrics"):
+        assert torch.equal(r[key], t), key
+    assert r["objects"] == [{"rank": 0}]
