@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -33,6 +34,7 @@ class ConfigFile:
     values: dict[str, Any]  # LaunchConfig field -> raw value from the file
     handed_down: dict[str, Any]  # passed to the workers unchanged
     noted: tuple[str, ...] = ()  # accelerate keys set to something accel does not act on yet
+    data: dict[str, Any] = dataclasses.field(default_factory=dict)  # the file's mapping as read
 
 
 def closest_key_error(key: str, known: Iterable[str], where: str) -> ConfigError:
@@ -69,9 +71,15 @@ def find_config_file(
 
 def load_config_file(path: str | os.PathLike[str], origin: str = "--config_file") -> ConfigFile:
     """Read and validate a YAML (or JSON) config file written with accelerate's keys."""
+    path = Path(path).expanduser().absolute()
+    return config_from_data(read_config_data(path), path, origin)
+
+
+def read_config_data(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The raw mapping in a YAML (or JSON) config file, unvalidated."""
     import yaml
 
-    path = Path(path).expanduser().absolute()
+    path = Path(path).expanduser()
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -79,6 +87,20 @@ def load_config_file(path: str | os.PathLike[str], origin: str = "--config_file"
     except yaml.YAMLError as err:
         raise ConfigError(f"Config file {str(path)!r} is not valid YAML: {err}") from None
     data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"Config file {str(path)!r} must hold a mapping of keys to values, "
+            f"got a {type(data).__name__}."
+        )
+    return data
+
+
+def config_from_data(
+    data: Any, path: str | os.PathLike[str], origin: str = "--config_file"
+) -> ConfigFile:
+    """Validate the mapping read from the config file at `path` (named in errors)."""
+    path = Path(path)
+    data = dict(data) if isinstance(data, dict) else data
     if not isinstance(data, dict):
         raise ConfigError(
             f"Config file {str(path)!r} must hold a mapping of keys to values, "
@@ -109,6 +131,7 @@ def load_config_file(path: str | os.PathLike[str], origin: str = "--config_file"
         noted=tuple(
             k for k in _schema.NOTED_KEYS if k in data and not _schema.is_inert(k, data[k])
         ),
+        data=data,
     )
 
 
@@ -122,23 +145,31 @@ def _check_choice(data: Mapping[str, Any], key: str, choices: tuple[str, ...], p
         )
 
 
+def _check_section(data: Mapping[str, Any], section: str, known: tuple[str, ...], path: Path):
+    """The section's mapping (None when absent or empty), with every key checked."""
+    value = data.get(section)
+    if value in (None, {}):
+        return None
+    if not isinstance(value, dict):
+        raise ConfigError(
+            f"{section} in {str(path)!r} must be a mapping, got {type(value).__name__} {value!r}."
+        )
+    for key in value:
+        if key not in known:
+            raise closest_key_error(
+                f"{section}.{key}", [f"{section}.{k}" for k in known], repr(str(path))
+            )
+    return value
+
+
 def _handed_down(data: Mapping[str, Any], path: Path) -> dict[str, Any]:
+    for section, known in _schema.NOTED_SECTIONS.items():
+        _check_section(data, section, known, path)
     out: dict[str, Any] = {}
     for section, known in _schema.HANDED_DOWN_SECTIONS.items():
-        value = data.get(section)
-        if value in (None, {}):
-            continue
-        if not isinstance(value, dict):
-            raise ConfigError(
-                f"{section} in {str(path)!r} must be a mapping, got {type(value).__name__} "
-                f"{value!r}."
-            )
-        for key in value:
-            if key not in known:
-                raise closest_key_error(
-                    f"{section}.{key}", [f"{section}.{k}" for k in known], repr(str(path))
-                )
-        out[section] = dict(value)
+        value = _check_section(data, section, known, path)
+        if value is not None:
+            out[section] = dict(value)
     if data.get("debug"):
         out["debug"] = True
     if data.get("distributed_type") in _schema.STRATEGY_TYPES:
@@ -176,7 +207,8 @@ def default_file_values(
 def write_config_file(
     path: str | os.PathLike[str], values: Mapping[str, Any], *, force: bool = False
 ) -> Path:
-    """Write `values` as YAML, atomically; an existing file is kept unless `force`."""
+    """Write `values` as YAML (JSON for a .json path), atomically; an existing file is kept
+    unless `force`."""
     import yaml
 
     path = Path(path).expanduser()
@@ -189,7 +221,11 @@ def write_config_file(
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            yaml.safe_dump(dict(values), f, sort_keys=True)
+            if path.suffix.lower() == ".json":
+                json.dump(dict(values), f, indent=2, sort_keys=True)
+                f.write("\n")
+            else:
+                yaml.safe_dump(dict(values), f, sort_keys=True)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -92,8 +92,27 @@ def _add_launch(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_config(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("config", help="Write, show or check a config file.")
-    csub = p.add_subparsers(dest="config_command", metavar="{default,show,validate}", required=True)
+    p = sub.add_parser(
+        "config",
+        help="Answer a few questions to write a config file, or write, show, check, update one.",
+        description="With no subcommand: ask about the machines, processes, precision and engine, "
+        "and write the answers as a config file (accelerate's keys). Answers may be piped on "
+        "stdin, one per line; an empty line takes the default.",
+    )
+    p.add_argument(
+        "--config_file",
+        "--config-file",
+        dest="questionnaire_file",
+        metavar="PATH",
+        default=None,
+        help="Where the questionnaire writes (default: the default config path).",
+    )
+    p.add_argument(
+        "--force", dest="questionnaire_force", action="store_true", help="Overwrite without asking."
+    )
+    csub = p.add_subparsers(
+        dest="config_command", metavar="{default,show,validate,update}", required=False
+    )
     d = csub.add_parser(
         "default",
         help="Write a config file with default values.",
@@ -109,17 +128,93 @@ def _add_config(sub: argparse._SubParsersAction) -> None:
     _add_flag(d, "cpu", action="store_true", help="Run on the CPU.")
     _add_flag(d, "num_processes", type=int, metavar="N", help="Processes to launch (default 1).")
     d.add_argument("--force", action="store_true", help="Overwrite an existing file.")
+    show_text = (
+        "Print the resolved launch configuration and where each value comes from (flag, file, "
+        "environment, default). Takes the launch flags, to show what they would change."
+    )
+    s = csub.add_parser("show", help=show_text, description=show_text)
+    _add_flag(s, "config_file", metavar="PATH", help="The file to read (default: the default one).")
+    _add_flag(s, "cpu", action="store_true", help="As `accel launch --cpu`.")
+    _add_flag(s, "mixed_precision", choices=_schema.PRECISIONS, help="As `accel launch`.")
+    for name, kind, _text in _LAUNCH_FLAGS:
+        _add_flag(s, name, type=kind, metavar=_METAVARS.get(name, "N"), help="As `accel launch`.")
+    s.add_argument("--json", action="store_true", help="Print one JSON object instead.")
     for name, text in (
-        ("show", "Print the resolved launch configuration and where each value comes from."),
         ("validate", "Check a config file and report the first problem."),
+        (
+            "update",
+            "Rewrite a config file written by an older accel or accelerate with today's keys "
+            "(fp16 -> mixed_precision, dynamo_backend -> dynamo_config, missing keys filled in).",
+        ),
     ):
-        s = csub.add_parser(name, help=text, description=text)
+        c = csub.add_parser(name, help=text, description=text)
         _add_flag(
-            s,
+            c,
             "config_file",
             metavar="PATH",
             help="The file to read (default: the default config file).",
         )
+
+
+def _add_to_fsdp2(sub: argparse._SubParsersAction) -> None:
+    text = (
+        "Convert a config file's FSDP1 settings to FSDP2: fsdp_sharding_strategy becomes "
+        "fsdp_reshard_after_forward, fsdp_version becomes 2, and the keys FSDP2 does not have "
+        "(fsdp_backward_prefetch, fsdp_forward_prefetch, fsdp_sync_module_states, "
+        "fsdp_use_orig_params) are dropped."
+    )
+    p = sub.add_parser("to-fsdp2", help="Convert an FSDP1 config file to FSDP2.", description=text)
+    _add_flag(p, "config_file", metavar="PATH", required=True, help="The file to convert.")
+    _add_flag(p, "output_file", metavar="PATH", help="Where to write the converted file.")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="Replace --config_file (or an existing --output_file) with the converted file.",
+    )
+
+
+def _add_estimate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "estimate-memory",
+        help="Estimate the memory a model needs to load and to train, offline.",
+        description="SOURCE is a folder with a transformers-style config.json, a .safetensors "
+        "file or a folder of shards (only the headers are read), or MODULE:FACTORY, a function "
+        "that builds a torch model (built on the meta device, so no memory is used). Prints "
+        "per dtype the largest layer, the total and training with Adam, then per-process "
+        "figures for DDP, FSDP2 and ZeRO-1/2/3 and an activation estimate.",
+    )
+    p.add_argument("source", metavar="SOURCE", help="Folder, .safetensors file or MODULE:FACTORY.")
+    p.add_argument(
+        "--dtypes",
+        nargs="+",
+        metavar="DTYPE",
+        default=["float32", "float16", "int8", "int4"],
+        choices=["float32", "float16", "bfloat16", "int8", "int4"],
+        help="Rows of the table (default: float32 float16 int8 int4).",
+    )
+    _add_flag(
+        p, "num_processes", type=int, metavar="N", help="Processes for the per-process figures."
+    )
+    _add_flag(p, "batch_size", type=int, metavar="N", help="Per-process batch for activations.")
+    _add_flag(p, "seq_len", type=int, metavar="N", help="Sequence length for activations.")
+    p.add_argument("--json", action="store_true", help="Print one JSON object instead.")
+
+
+def _add_test(sub: argparse._SubParsersAction) -> None:
+    text = (
+        "Check the configured setup end to end: launch the processes with the config file, "
+        "run collectives, train a few steps and compare with one process, save and load a "
+        "checkpoint. Reports pass or fail for each part."
+    )
+    p = sub.add_parser("test", help="Check that the configured setup works.", description=text)
+    _add_flag(p, "config_file", metavar="PATH", help="The file to test (default: the default one).")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="Stop the check after this long (default 300).",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -128,7 +223,11 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
         description="accel: launch, configure and inspect PyTorch training runs.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="{launch,config,env}", required=True)
+    sub = parser.add_subparsers(
+        dest="command",
+        metavar="{launch,config,env,estimate-memory,test,to-fsdp2}",
+        required=True,
+    )
     _add_launch(sub)
     _add_config(sub)
     sub.add_parser(
@@ -136,6 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="Print the environment for a bug report.",
         description="Print versions, devices, memory and the default config, for a bug report.",
     )
+    _add_estimate(sub)
+    _add_test(sub)
+    _add_to_fsdp2(sub)
     return parser
 
 

@@ -148,6 +148,24 @@ _SAGEMAKER_KEYS = (
     "sagemaker_metrics_file",
     "additional_args",
 )
+# Nested sections of noted keys: their keys are checked too, so a misspelling anywhere in a
+# file is caught.
+NOTED_SECTIONS: dict[str, tuple[str, ...]] = {
+    "megatron_lm_config": tuple(
+        "megatron_lm_" + k
+        for k in (
+            "tp_degree",
+            "sequence_parallelism",
+            "pp_degree",
+            "num_micro_batches",
+            "recompute_activations",
+            "use_distributed_optimizer",
+            "gradient_clipping",
+        )
+    ),
+    "mpirun_config": ("mpirun_hostfile", "mpirun_ccl"),
+}
+
 # accelerate keys accepted but not acted on, with the value that means "nothing to do".
 NOTED_KEYS: dict[str, Any] = {
     "main_training_function": "main",

@@ -1,7 +1,9 @@
-"""The `accel` command: `accel launch`, `accel config {default,show,validate}`, `accel env`.
+"""The `accel` command: launch, config (questionnaire, default, show, validate, update),
+env, estimate-memory, test, to-fsdp2.
 
 Neither this module nor the launch and config commands import torch: the launcher starts in
-milliseconds and leaves torch to the workers. `accel env` imports it, since it reports on it.
+milliseconds and leaves torch to the workers. `accel env` and `accel test` import it, and
+`accel estimate-memory` only for MODULE:FACTORY.
 """
 
 from __future__ import annotations
@@ -14,18 +16,21 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from accel_cli import _schema
 from accel_cli._command import build_command, build_env, physical_cores, with_rendezvous
 from accel_cli._config import (
     ConfigError,
     ConfigFile,
+    config_from_data,
     default_file_values,
     find_config_file,
     load_config_file,
+    read_config_data,
     write_config_file,
 )
 from accel_cli._environment import ENV_ACCEL_CONFIG, ENV_OMP_NUM_THREADS, default_config_path
 from accel_cli._parser import _LAUNCH_FLAGS, build_parser, suggest_flag
-from accel_cli._resolve import LaunchConfig, Resolution, resolve_launch_config
+from accel_cli._resolve import Resolution, resolve_launch_config
 from accel_cli._run import run_child
 
 _LAUNCH_FIELDS = ("cpu", "mixed_precision", *(name for name, _, _ in _LAUNCH_FLAGS))
@@ -89,25 +94,124 @@ def config_default_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def config_questionnaire_command(args: argparse.Namespace) -> int:
+    """`accel config`: ask, then write the answers as a config file."""
+    from accel_cli._questionnaire import Asker, run_questionnaire
+
+    path = Path(args.questionnaire_file) if args.questionnaire_file else default_config_path()
+    asker = Asker()
+    if (
+        path.exists()
+        and not args.questionnaire_force
+        and not asker.yes(f"{path} exists. Replace it?")
+    ):
+        _say(f"kept {path}")
+        return 1
+    values = run_questionnaire(asker)
+    config_from_data(values, path)  # written files always validate
+    written = write_config_file(path, values, force=True)
+    _say(f"wrote {written}; check it with `accel config show --config_file {written}`")
+    return 0
+
+
+def config_update_command(args: argparse.Namespace) -> int:
+    """`accel config update`: rewrite an old file with today's keys."""
+    from accel_cli._migrate import rewrite, update_config
+
+    path = _existing(args.config_file)
+    values, changes = update_config(read_config_data(path))
+    if not changes:
+        print(f"{path}: already up to date")
+        return 0
+    rewrite(path, values, path)
+    for change in changes:
+        print(f"- {change}")
+    print(f"updated {path}")
+    return 0
+
+
+def to_fsdp2_command(args: argparse.Namespace) -> int:
+    """`accel to-fsdp2`: convert the FSDP1 settings of a config file to FSDP2."""
+    from accel_cli._migrate import convert_to_fsdp2, output_path, rewrite
+
+    source = Path(args.config_file).expanduser()
+    if not source.is_file():
+        raise ConfigError(f"--config_file {args.config_file!r} does not exist.")
+    target = output_path(args.config_file, args.output_file, args.overwrite)
+    data = read_config_data(source)
+    if not data:
+        raise ConfigError(f"{str(source)!r} is empty: nothing to convert.")
+    values, notes = convert_to_fsdp2(data)
+    rewrite(source, values, target)
+    for note in notes:
+        _say(note)
+    _say(f"wrote {target}")
+    return 0
+
+
+def _existing(config_file: str | None) -> Path:
+    found = find_config_file(config_file, os.environ)
+    if found is None:
+        raise ConfigError(
+            f"No config file: pass --config_file, or create {default_config_path()} with "
+            f"`accel config`."
+        )
+    return found[0]
+
+
 def config_show_command(args: argparse.Namespace) -> int:
     """`accel config show`: every resolved value and where it comes from."""
+    flags = {
+        name: getattr(args, name) for name in _LAUNCH_FIELDS if getattr(args, name) is not None
+    }
     file = _load(args.config_file, os.environ)
-    resolution = resolve_launch_config({}, file)
+    resolution = resolve_launch_config(flags, file)
+    shown = shown_values(resolution, file, os.environ)
+    if args.json:
+        where = None if file is None else {"path": str(file.path), "origin": file.origin}
+        print(json.dumps({"config_file": where, "values": shown}, indent=2))
+        return 0
     if file is None:
         print(f"config file: none (the default location {default_config_path()} has no file)")
     else:
         print(f"config file: {file.path} ({file.origin})")
-    for name, value in _fields(resolution.config):
-        print(f"{name}: {json.dumps(value)}  [{resolution.sources[name]}]")
+    for name, item in shown.items():
+        print(f"{name}: {json.dumps(item['value'])}  [{item['source']}]")
     if file is not None and file.noted:
         print(f"accepted but not acted on: {', '.join(file.noted)}")
+    for notice in resolution.notices:
+        print(f"note: {notice}")
     return 0
 
 
-def _fields(config: LaunchConfig) -> list[tuple[str, object]]:
-    return [(name, value) for name, value in vars(config).items() if name != "handed_down"] + [
-        (key, value) for key, value in config.handed_down.items()
-    ]
+def shown_values(
+    resolution: Resolution, file: ConfigFile | None, environ: Mapping[str, str]
+) -> dict[str, dict[str, object]]:
+    """Each launch value (sections key by key) with its source: flag, file, environment,
+    default."""
+    config = resolution.config
+    out: dict[str, dict[str, object]] = {}
+    for name, value in vars(config).items():
+        if name in ("handed_down", "explicit"):
+            continue
+        source = resolution.sources[name]
+        if name == "config_file" and file is not None and file.origin.startswith("$"):
+            source = f"environment ({file.origin[1:]})"
+        threads = environ.get(ENV_OMP_NUM_THREADS, "")
+        if name == "num_cpu_threads_per_process" and source == "default" and threads.isdigit():
+            value, source = int(threads), f"environment ({ENV_OMP_NUM_THREADS})"
+        out[name] = {"value": value, "source": source}
+    # Then every other key of the file, sections key by key, so nothing in it goes unseen.
+    used = set(_schema.USED_KEYS) | ({"fp16"} if "mixed_precision" in out else set())
+    for key, value in (file.data if file is not None else {}).items():
+        if key in used:
+            continue
+        if isinstance(value, dict) and value:
+            for sub, inner in value.items():
+                out[f"{key}.{sub}"] = {"value": inner, "source": "file"}
+        else:
+            out[key] = {"value": value, "source": "file"}
+    return out
 
 
 def config_validate_command(args: argparse.Namespace) -> int:
@@ -131,12 +235,40 @@ def env_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def estimate_memory_command(args: argparse.Namespace) -> int:
+    """`accel estimate-memory SOURCE`: load and training memory, offline."""
+    from accel_cli._estimate import estimate_command
+
+    return estimate_command(args)
+
+
+def test_command(args: argparse.Namespace) -> int:
+    """`accel test`: launch the built-in check with the configuration, report each part."""
+    from accel_cli._selftest import run_selftest
+
+    file = _load(args.config_file, os.environ)
+    resolution = resolve_launch_config({}, file)
+    _report(file, resolution, quiet=False)
+    config = resolution.config
+    where = "CPU" if config.cpu else "accelerators"
+    print(
+        f"accel test: {config.num_processes} process(es) on {config.num_machines} machine(s), "
+        f"{where}, mixed precision {config.mixed_precision}"
+    )
+    return run_selftest(config, args.timeout, print)
+
+
 _COMMANDS = {
     ("launch", None): launch_command,
+    ("config", None): config_questionnaire_command,
     ("config", "default"): config_default_command,
     ("config", "show"): config_show_command,
     ("config", "validate"): config_validate_command,
+    ("config", "update"): config_update_command,
     ("env", None): env_command,
+    ("estimate-memory", None): estimate_memory_command,
+    ("test", None): test_command,
+    ("to-fsdp2", None): to_fsdp2_command,
 }
 
 
