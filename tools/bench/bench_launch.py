@@ -11,6 +11,11 @@ accelerate is launched with `--multi_gpu` (its torchrun path): its `--cpu` path 
 single process unless mpirun is set up. The script prints before importing anything, so the
 numbers are the launchers' own cost; --import-torch makes it import torch first.
 Target: accel adds at most 0.2 s over torchrun.
+
+--first-step instead times an ordinary accelerate command, `launch --num_processes 2
+--dynamo_backend no --mixed_precision no train.py`, run by `accel launch` on a script that
+imports accel and by `accelerate launch` on the same script importing accelerate: the time
+until rank 0 has prepared a model, optimizer and dataloader and finished one training step.
 """
 
 from __future__ import annotations
@@ -37,6 +42,44 @@ num_machines: 1
 num_processes: {n}
 use_cpu: false
 """
+
+
+FIRST_STEP = """\
+import torch
+from {lib} import Accelerator
+
+acc = Accelerator()
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
+loader = torch.utils.data.DataLoader(data, batch_size=8)
+model, opt, loader = acc.prepare(model, opt, loader)
+x, y = next(iter(loader))
+acc.backward(torch.nn.functional.mse_loss(model(x), y))
+opt.step()
+if acc.is_main_process:
+    print("first step", flush=True)
+acc.wait_for_everyone()
+"""
+ORDINARY = ["--num_processes", "2", "--dynamo_backend", "no", "--mixed_precision", "no"]
+
+
+def first_step_commands(workdir: Path) -> dict[str, list[str]]:
+    """The same ordinary launch command, by accel and (when installed) by accelerate."""
+    cmds: dict[str, list[str]] = {}
+    for name, lib in (("accel launch", "accel"), ("accelerate launch", "accelerate")):
+        exe = tool(name.split()[0])
+        if exe is None:
+            continue
+        script = workdir / f"train_{lib}.py"
+        script.write_text(FIRST_STEP.format(lib=lib))
+        cmds[name] = [exe, "launch", *ORDINARY, "--main_process_port", "{port}", str(script)]
+    if "accelerate launch" in cmds:
+        # Without GPUs accelerate runs the ordinary command as ONE process (its simple
+        # launcher); --multi_gpu makes it start the 2 processes through torchrun, as accel does.
+        exe, launch, *rest = cmds["accelerate launch"]
+        cmds["accelerate --multi_gpu"] = [exe, launch, "--multi_gpu", *rest]
+    return cmds
 
 
 def free_port() -> int:
@@ -102,6 +145,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="rounds (median reported)")
     parser.add_argument("--nproc", type=int, default=2, help="processes per launch")
     parser.add_argument("--import-torch", action="store_true", help="script imports torch first")
+    parser.add_argument(
+        "--first-step", action="store_true", help="time launch to the first training step"
+    )
     args = parser.parse_args()
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -109,6 +155,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         env["XDG_CONFIG_HOME"] = str(workdir / "xdg")  # no user config file in the way
+        env["HF_HOME"] = str(workdir / "hf")  # nor accelerate's
+        if args.first_step:
+            return report_first_step(first_step_commands(workdir), env, args.runs)
         script = workdir / "first_line.py"
         script.write_text(SCRIPT_TORCH if args.import_torch else SCRIPT)
         cmds = commands(script, args.nproc, workdir)
@@ -138,6 +187,24 @@ def main() -> None:
             f"{name:<20}{first:>13.3f}{first - base_first:>+15.3f}{first / base_first:>8.2f}"
             f"{total:>9.3f}{total / base_total:>8.2f}"
         )
+    if "accelerate launch" not in cmds:
+        print("accelerate not installed: run with `uv run --frozen --group bench`")
+
+
+def report_first_step(cmds: dict[str, list[str]], env: dict[str, str], runs: int) -> None:
+    for cmd in cmds.values():  # warm the file cache once
+        time_once(cmd, env)
+    firsts: dict[str, list[float]] = {name: [] for name in cmds}
+    for _ in range(runs):
+        for name, cmd in cmds.items():
+            firsts[name].append(time_once(cmd, env)[0])
+    print(f"launch to first training step, `launch {' '.join(ORDINARY)}`, median of {runs} runs")
+    for name in cmds:
+        print(f"{name:<20}{statistics.median(firsts[name]):>8.3f} s")
+    accel = statistics.median(firsts["accel launch"])
+    for other in ("accelerate launch", "accelerate --multi_gpu"):
+        if other in cmds:
+            print(f"accel launch / {other}: {accel / statistics.median(firsts[other]):.2f}")
     if "accelerate launch" not in cmds:
         print("accelerate not installed: run with `uv run --frozen --group bench`")
 

@@ -105,7 +105,7 @@ def test_flag_beats_file_with_a_notice_naming_both(tmp_path):
     assert not any("num_processes" in n for n in res.notices)
 
 
-def test_noted_keys_and_yaml_quirks(tmp_path):
+def test_refused_keys_and_yaml_quirks(tmp_path):
     path = write(
         tmp_path,
         """\
@@ -118,7 +118,8 @@ def test_noted_keys_and_yaml_quirks(tmp_path):
         """,
     )
     file = load_config_file(path)
-    assert file.noted == ("main_training_function", "tpu_name")
+    assert [r.split(":")[0] for r in file.refused] == ["main_training_function", "tpu_name"]
+    assert "TPU" in file.refused[1] and "notebook_launcher" in file.refused[0]
     cfg = resolve_launch_config({}, file).config
     # YAML reads a bare `no` as false; -1 is accelerate's "unset"; MULTI_CPU means the CPU.
     assert cfg.mixed_precision == "no" and cfg.num_processes == 1 and cfg.cpu is True
@@ -204,17 +205,24 @@ def test_num_processes_is_the_total_across_machines():
 
 
 def test_torchrun_argv_for_multi_node():
-    cfg = resolve_launch_config(
-        {"num_processes": 8, "num_machines": 2, "machine_rank": 1, "main_process_ip": "10.1.2.3"}
-    ).config
-    cfg = with_rendezvous(cfg)
+    flags = {
+        "num_processes": 8,
+        "num_machines": 2,
+        "machine_rank": 1,
+        "main_process_ip": "10.1.2.3",
+    }
+    cfg = with_rendezvous(resolve_launch_config(flags).config)
     cmd = build_command(cfg, "train.py", ["--lr", "0.1"], python="py")
     assert cmd == [
         "py", "-m", "torch.distributed.run",
         "--nproc-per-node", "4", "--nnodes", "2", "--node-rank", "1",
-        "--master-addr", "10.1.2.3", "--master-port", "29500",
+        "--rdzv-backend", "static", "--rdzv-endpoint", "10.1.2.3:29500",
         "train.py", "--lr", "0.1",
     ]  # fmt: skip
+    # --same_network: the machines reach the main one directly, by address and port.
+    cfg = with_rendezvous(resolve_launch_config({**flags, "same_network": True}).config)
+    cmd = build_command(cfg, "train.py", python="py")
+    assert cmd[9:14] == ["--master-addr", "10.1.2.3", "--master-port", "29500", "train.py"]
 
 
 def test_torchrun_argv_for_c10d_module_and_restarts():

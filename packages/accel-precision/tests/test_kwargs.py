@@ -94,3 +94,38 @@ def test_fp8_kwargs_coerce_picks_the_backend_of_the_record():
     assert FP8RecipeKwargs.coerce(whole) is whole
     with pytest.raises(TypeError, match="fp8_kwargs=.*expected FP8RecipeKwargs"):
         FP8RecipeKwargs.coerce({"fp8_backend": "te"})
+
+
+def test_fp8_kwargs_from_accelerate_fp8_config():
+    from accel_precision import FP8RecipeKwargs
+
+    kw = FP8RecipeKwargs.from_config(
+        {
+            "backend": "TE",
+            "margin": 2,
+            "interval": 3,
+            "fp8_format": "E4M3",
+            "amax_history_length": 16,
+            "amax_compute_algorithm": "most_recent",
+            "use_autocast_during_eval": True,
+            "override_linear_precision": [False, "true", False],
+            "optimization_level": "O2",
+            "pad_inner_dim": "false",
+            "enable_fsdp_float8_all_gather": True,
+        }
+    )
+    assert kw.fp8_backend == "te"
+    assert (kw.te.margin, kw.te.interval, kw.te.fp8_format) == (2, 3, "E4M3")
+    assert (kw.te.amax_history_len, kw.te.amax_compute_algo) == (16, "most_recent")
+    assert kw.te.use_during_eval is True
+    assert kw.te.override_linear_precision == (False, True, False)
+    assert kw.ao.pad_inner_dim is False and kw.ao.enable_fsdp_float8_all_gather is True
+    assert FP8RecipeKwargs.from_config({}) == FP8RecipeKwargs()
+    for bad, match in (
+        ({"backend": "msamp"}, "MS-AMP"),
+        ({"optimization_level": "O1"}, "MS-AMP"),
+        ({"fp8_format": "E5M2"}, "fp8_format"),
+        ({"marign": 1}, "unknown keys"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            FP8RecipeKwargs.from_config(bad)

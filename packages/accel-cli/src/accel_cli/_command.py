@@ -1,25 +1,39 @@
 """Turn a resolved `LaunchConfig` into the command line and environment of the child.
 
 One process in all: the script runs directly under the same Python (fastest start). More
-than one: `python -m torch.distributed.run` with the per-machine process count and the
-rendezvous, so multi-node, restarts and elasticity are torchrun's.
+than one, or a torchrun option (tee, log_dir, role, restarts, ...): `python -m
+torch.distributed.run` with the per-machine process count and the rendezvous, so multi-node,
+restarts and elasticity are torchrun's. With `mpirun_hostfile`: mpirun.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
 import json
 import os
+import shutil
 import socket
+import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from accel_cli._environment import ENV_ACCEL_CONFIG, ENV_CUDA_VISIBLE_DEVICES, ENV_OMP_NUM_THREADS
+from accel_cli._config import ConfigError
+from accel_cli._environment import (
+    ENV_ACCEL_CONFIG,
+    ENV_CUDA_VISIBLE_DEVICES,
+    ENV_DEBUG_MODE,
+    ENV_MASTER_ADDR,
+    ENV_MASTER_PORT,
+    ENV_OMP_NUM_THREADS,
+)
 from accel_cli._resolve import LaunchConfig
 
 DEFAULT_MAIN_PROCESS_PORT = 29500
 LOOPBACK = "127.0.0.1"
+# The shim that pins a worker to its share of the cores, then runs the real program.
+AFFINITY_MODULE = "accel_cli._affinity"
 
 
 def free_port(host: str = LOOPBACK) -> int:
@@ -44,7 +58,7 @@ def with_rendezvous(config: LaunchConfig) -> LaunchConfig:
     return dataclasses.replace(config, main_process_ip=ip, main_process_port=port)
 
 
-def build_command(
+def worker_program(
     config: LaunchConfig,
     target: str,
     args: Sequence[str] = (),
@@ -52,14 +66,37 @@ def build_command(
     module: bool = False,
     python: str | None = None,
 ) -> list[str]:
-    """The argv of the child: the script itself, or torchrun around it.
+    """What each worker runs: `python script`, `python -m module` or the program itself
+    (`no_python`), behind the CPU-affinity shim when `enable_cpu_affinity` is set."""
+    python = python or sys.executable
+    if config.enable_cpu_affinity:
+        mode = "program" if config.no_python else "module" if module else "script"
+        return [python, "-m", AFFINITY_MODULE, mode, target, *args]
+    if config.no_python:
+        return [target, *args]
+    return [python, *(["-m", target] if module else [target]), *args]
+
+
+def build_command(
+    config: LaunchConfig,
+    target: str,
+    args: Sequence[str] = (),
+    *,
+    module: bool = False,
+    python: str | None = None,
+    mpirun: tuple[str, str] | None = None,
+) -> list[str]:
+    """The argv of the child: the script itself, torchrun around it, or mpirun around it.
 
     `config` must have its rendezvous filled in (`with_rendezvous`) when it is distributed.
+    `mpirun` is (path, "openmpi" | "hydra") for `mpirun_hostfile` runs (default: `find_mpirun`).
     """
     python = python or sys.executable
-    script = ["-m", target] if module else [target]
+    program = worker_program(config, target, args, module=module, python=python)
+    if config.mpirun_hostfile is not None:
+        return mpirun_command(config, program, mpirun or find_mpirun())
     if not config.distributed:
-        return [python, *script, *args]
+        return program
     assert config.main_process_ip and config.main_process_port, "call with_rendezvous first"
     cmd = [
         python,
@@ -72,15 +109,68 @@ def build_command(
         "--node-rank",
         str(config.machine_rank),
     ]
-    if config.rdzv_backend == "static":
+    endpoint = f"{config.main_process_ip}:{config.main_process_port}"
+    if config.rdzv_backend == "static" and (config.num_machines == 1 or config.same_network):
         cmd += ["--master-addr", config.main_process_ip]
         cmd += ["--master-port", str(config.main_process_port)]
     else:
-        cmd += ["--rdzv-backend", config.rdzv_backend]
-        cmd += ["--rdzv-endpoint", f"{config.main_process_ip}:{config.main_process_port}"]
+        cmd += ["--rdzv-backend", config.rdzv_backend, "--rdzv-endpoint", endpoint]
+    if config.rdzv_conf:
+        cmd += ["--rdzv-conf", config.rdzv_conf]
     if config.max_restarts:
         cmd += ["--max-restarts", str(config.max_restarts)]
-    return [*cmd, *script, *args]
+    if config.monitor_interval != 0.1:
+        cmd += ["--monitor-interval", str(config.monitor_interval)]
+    if config.role != "default":
+        cmd += ["--role", config.role]
+    if config.log_dir is not None:
+        cmd += ["--log-dir", config.log_dir]
+    if config.tee != "0":
+        cmd += ["--tee", config.tee]
+    if program[0] == python:  # torchrun starts `python -u` itself
+        return [*cmd, *program[1:]]
+    return [*cmd, "--no-python", *program]
+
+
+def find_mpirun(which: Callable[[str], str | None] | None = None) -> tuple[str, str]:
+    """(path, flavour) of the MPI launcher on PATH: "openmpi", or "hydra" (MPICH, Intel MPI,
+    MVAPICH). Raises ConfigError naming what to install when there is none."""
+    which = which or shutil.which
+    for name in ("mpirun", "mpiexec"):
+        path = which(name)
+        if path:
+            try:
+                version = subprocess.run(
+                    [path, "--version"], capture_output=True, text=True, timeout=30
+                ).stdout
+            except (OSError, subprocess.SubprocessError):
+                version = ""
+            return path, "openmpi" if "Open MPI" in version else "hydra"
+    raise ConfigError(
+        "--mpirun_hostfile needs mpirun (or mpiexec) on PATH and there is none. Install an MPI: "
+        "Open MPI (`apt install openmpi-bin` or `conda install openmpi`), MPICH (`apt install "
+        "mpich`) or Intel MPI, or drop --mpirun_hostfile to start the CPU processes with torchrun."
+    )
+
+
+def mpirun_command(
+    config: LaunchConfig, program: Sequence[str], mpirun: tuple[str, str]
+) -> list[str]:
+    """mpirun starting `program` on every host of the hostfile, with the rendezvous and the
+    launch configuration exported to each process."""
+    path, flavour = mpirun
+    hostfile = os.path.expanduser(config.mpirun_hostfile or "")
+    if not os.path.isfile(hostfile):
+        raise ConfigError(f"mpirun_hostfile {config.mpirun_hostfile!r} does not exist.")
+    per_node, total = str(config.nproc_per_node), str(config.num_processes)
+    if flavour == "openmpi":
+        exported = (ENV_ACCEL_CONFIG, ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_OMP_NUM_THREADS)
+        cmd = [path, "--hostfile", hostfile, "--npernode", per_node, "-n", total]
+        for name in exported + ((ENV_DEBUG_MODE,) if config.debug else ()):
+            cmd += ["-x", name]
+    else:
+        cmd = [path, "-f", hostfile, "-ppn", per_node, "-n", total, "-genvall"]
+    return [*cmd, *program]
 
 
 def build_env(
@@ -95,6 +185,11 @@ def build_env(
     """
     env = dict(environ)
     env[ENV_ACCEL_CONFIG] = json.dumps(config.to_worker_dict(), sort_keys=True)
+    if config.debug:
+        env[ENV_DEBUG_MODE] = "1"
+    if config.mpirun_hostfile is not None and config.main_process_port is not None:
+        env[ENV_MASTER_ADDR] = config.main_process_ip or LOOPBACK
+        env[ENV_MASTER_PORT] = str(config.main_process_port)
     if config.gpu_id_list is not None:
         env[ENV_CUDA_VISIBLE_DEVICES] = config.gpu_ids
     threads = config.num_cpu_threads_per_process
@@ -110,3 +205,16 @@ def physical_cores() -> int:
     import psutil
 
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+def visible_gpus(environ: Mapping[str, str]) -> int:
+    """How many GPUs the workers would see. Without an NVIDIA or ROCm driver this answers 0
+    without importing torch; otherwise torch counts them (honouring CUDA_VISIBLE_DEVICES)."""
+    nvidia = glob.glob("/proc/driver/nvidia/gpus/*") or glob.glob("/dev/nvidia[0-9]*")
+    if not nvidia and not os.path.exists("/dev/kfd"):
+        return 0
+    if environ.get(ENV_CUDA_VISIBLE_DEVICES, None) in ("", "-1"):
+        return 0
+    import torch
+
+    return torch.cuda.device_count()

@@ -33,7 +33,9 @@ class ConfigFile:
     origin: str  # "--config_file", "$ACCEL_CONFIG_FILE" or "default location"
     values: dict[str, Any]  # LaunchConfig field -> raw value from the file
     handed_down: dict[str, Any]  # passed to the workers unchanged
-    noted: tuple[str, ...] = ()  # accelerate keys set to something accel does not act on yet
+    noted: tuple[str, ...] = ()  # keys set to something neither accel nor accelerate acts on
+    # One message per key set to a feature accel does not provide: `accel launch` refuses them.
+    refused: tuple[str, ...] = ()
     data: dict[str, Any] = dataclasses.field(default_factory=dict)  # the file's mapping as read
 
 
@@ -123,16 +125,46 @@ def config_from_data(
         values["mixed_precision"] = "fp16"
     if "cpu" not in values and data.get("distributed_type") == "MULTI_CPU":
         values["cpu"] = True
+    handed_down = _handed_down(data, path)
+    mpirun = data.get("mpirun_config") or {}
+    if mpirun.get("mpirun_hostfile"):
+        values["mpirun_hostfile"] = mpirun["mpirun_hostfile"]
+    noted = tuple(
+        f"mpirun_config.{k}"
+        for k in mpirun
+        if not _schema.is_inert(mpirun[k], _schema.NOTED_KEYS.get(f"mpirun_config.{k}"))
+        and f"mpirun_config.{k}" in _schema.NOTED_KEYS
+    )
     return ConfigFile(
         path=path,
         origin=origin,
         values=values,
-        handed_down=_handed_down(data, path),
-        noted=tuple(
-            k for k in _schema.NOTED_KEYS if k in data and not _schema.is_inert(k, data[k])
-        ),
+        handed_down=handed_down,
+        noted=noted,
+        refused=_refused(data, handed_down, path),
         data=data,
     )
+
+
+def _refused(
+    data: Mapping[str, Any], handed_down: Mapping[str, Any], path: Path
+) -> tuple[str, ...]:
+    """One message per key that asks for a feature accel does not provide."""
+    where = f"in {str(path)!r}"
+    out = []
+    kind = data.get("distributed_type")
+    if kind in _schema.REFUSED_TYPES:
+        out.append(f"distributed_type: {kind} {where}: {_schema.REFUSED_TYPES[kind]}.")
+    for key, (inert, why) in _schema.REFUSED_KEYS.items():
+        if key in data and not _schema.is_inert(data[key], inert):
+            out.append(f"{key}: {data[key]!r} {where}: {why}.")
+    for section, why in _schema.REFUSED_SECTIONS.items():
+        if data.get(section) and kind not in _schema.REFUSED_TYPES:
+            out.append(f"{section} {where}: {why}. Remove the section.")
+    from accel_cli._refusals import section_refusals
+
+    out += [f"{msg} ({where})" for msg in section_refusals(handed_down)]
+    return tuple(out)
 
 
 def _check_choice(data: Mapping[str, Any], key: str, choices: tuple[str, ...], path: Path) -> None:
@@ -163,15 +195,16 @@ def _check_section(data: Mapping[str, Any], section: str, known: tuple[str, ...]
 
 
 def _handed_down(data: Mapping[str, Any], path: Path) -> dict[str, Any]:
-    for section, known in _schema.NOTED_SECTIONS.items():
+    for section, known in _schema.CHECKED_SECTIONS.items():
         _check_section(data, section, known, path)
     out: dict[str, Any] = {}
     for section, known in _schema.HANDED_DOWN_SECTIONS.items():
         value = _check_section(data, section, known, path)
         if value is not None:
             out[section] = dict(value)
-    if data.get("debug"):
-        out["debug"] = True
+    backend = data.get("dynamo_backend")  # the old top-level spelling
+    if backend is not None and not (out.get("dynamo_config") or {}).get("dynamo_backend"):
+        out["dynamo_config"] = {**out.get("dynamo_config", {}), "dynamo_backend": backend}
     if data.get("distributed_type") in _schema.STRATEGY_TYPES:
         out["distributed_type"] = data["distributed_type"]
     return out

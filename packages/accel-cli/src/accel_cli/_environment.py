@@ -22,6 +22,12 @@ ENV_XDG_CONFIG_HOME = "XDG_CONFIG_HOME"
 ENV_CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 # Read and written: threads per worker.
 ENV_OMP_NUM_THREADS = "OMP_NUM_THREADS"
+# Written for --debug: accel-state checks shapes before collectives. Must equal
+# accel_state._ops.ENV_DEBUG_MODE (a test holds the two together).
+ENV_DEBUG_MODE = "ACCEL_DEBUG_MODE"
+# The rendezvous of workers started by mpirun (accel-state reads them).
+ENV_MASTER_ADDR = "MASTER_ADDR"
+ENV_MASTER_PORT = "MASTER_PORT"
 
 DEFAULT_CONFIG_NAME = "default_config.yaml"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import difflib
 
-from accel_cli import _schema
+from accel_cli import _flags, _schema
 
 # Launch flags that map to a LaunchConfig field: (flag name, type, help).
 _LAUNCH_FLAGS: tuple[tuple[str, type, str], ...] = (
@@ -26,7 +26,7 @@ _LAUNCH_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("gradient_accumulation_steps", int, "Gradient accumulation steps handed to the Accelerator."),
     ("backend", str, "Process-group backend (default: nccl on CUDA, gloo on CPU)."),
     ("rdzv_backend", str, "torchrun rendezvous: static (default), c10d, etcd, etcd-v2."),
-    ("max_restarts", int, "Restarts torchrun allows before failing the job (default 0)."),
+    ("max_restarts", int, "torchrun: restarts allowed before the job fails (default 0)."),
     ("num_cpu_threads_per_process", int, "OMP_NUM_THREADS of each process."),
 )
 
@@ -50,7 +50,8 @@ def _add_launch(sub: argparse._SubParsersAction) -> None:
             "Run SCRIPT (or -m MODULE) with its arguments. More than one process in all goes "
             "through torchrun; one process runs the script directly. The configuration is "
             "resolved once (flags > config file > defaults) and handed to every worker in "
-            "$ACCEL_LAUNCH_CONFIG."
+            "$ACCEL_LAUNCH_CONFIG. Every flag of `accelerate launch` is accepted: honoured, or "
+            "refused before anything starts with the reason (see the refused groups below)."
         ),
     )
     _add_flag(
@@ -72,13 +73,21 @@ def _add_launch(sub: argparse._SubParsersAction) -> None:
         "-m",
         "--module",
         action="store_true",
+        default=None,
         help="Treat SCRIPT as a module name, as `python -m` does.",
     )
-    p.add_argument("--multi_gpu", "--multi-gpu", action="store_true", help=argparse.SUPPRESS)
+    _add_flag(
+        p,
+        "multi_gpu",
+        action="store_true",
+        help="One process per visible GPU (num_processes defaults to the GPU count); an error "
+        "on a machine without GPUs.",
+    )
     p.add_argument(
         "-q",
         "--quiet",
         action="store_true",
+        default=None,
         help="Print no informational lines (overrides are still reported).",
     )
     p.add_argument(
@@ -87,6 +96,7 @@ def _add_launch(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="Print the command and the configuration, run nothing.",
     )
+    _flags.add_flags(p)
     p.add_argument("script", metavar="SCRIPT", help="The training script (or module with -m).")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="Arguments for the script.")
 

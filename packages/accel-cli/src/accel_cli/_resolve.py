@@ -18,12 +18,14 @@ The workers receive the result as one JSON object in `$ACCEL_LAUNCH_CONFIG`
     main_process_port            int | null
     gpu_ids                      str | null: "0,1" as given ("all" or null: every device)
     config_file                  str | null: the file that was read, for the record
+    debug                        bool: check shapes before collectives (also sets
+                                 ACCEL_DEBUG_MODE=1 for the workers)
+    enable_cpu_affinity          bool: each process was pinned to its share of the cores
     explicit                     [str]: the fields above that a flag or the file set (the
                                  rest are defaults; code may override them silently)
     distributed_type             "DEEPSPEED" | "FSDP" (only when the file names a strategy)
     fsdp_config, deepspeed_config, fp8_config, parallelism_config, dynamo_config
                                  mapping, accelerate's keys, unchanged (only when set)
-    debug                        true (only when set)
 """
 
 from __future__ import annotations
@@ -37,7 +39,10 @@ from accel_cli import _schema
 from accel_cli._config import ConfigError, ConfigFile
 
 SCHEMA_VERSION = 1
-_FIELD_TO_KEY = {field: key for key, field in _schema.USED_KEYS.items()}
+_FIELD_TO_KEY = {
+    **{field: key for key, field in _schema.USED_KEYS.items()},
+    "mpirun_hostfile": "mpirun_config.mpirun_hostfile",
+}
 _GPU_IDS = re.compile(r"^\d+(,\d+)*$")
 
 
@@ -58,6 +63,18 @@ class LaunchConfig:
     rdzv_backend: str = "static"
     max_restarts: int = 0
     num_cpu_threads_per_process: int | None = None
+    multi_gpu: bool = False
+    same_network: bool = False
+    enable_cpu_affinity: bool = False
+    debug: bool = False
+    mpirun_hostfile: str | None = None
+    # torchrun's own options, passed through (see `torchrun --help`).
+    tee: str = "0"
+    log_dir: str | None = None
+    role: str = "default"
+    rdzv_conf: str = ""
+    monitor_interval: float = 0.1
+    no_python: bool = False
     config_file: str | None = None
     handed_down: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     # The fields a flag or the config file set (not defaults): the worker warns about a
@@ -105,6 +122,18 @@ class LaunchConfig:
                 f"num_cpu_threads_per_process={self.num_cpu_threads_per_process}: expected at "
                 f"least 1."
             )
+        if self.monitor_interval <= 0:
+            raise ConfigError(f"monitor_interval={self.monitor_interval}: expected seconds > 0.")
+        if self.multi_gpu and self.cpu:
+            raise ConfigError(
+                "--multi_gpu and --cpu contradict: --multi_gpu runs one process per GPU, --cpu "
+                "runs on the CPU. Drop one of them."
+            )
+        if self.mpirun_hostfile is not None and not self.cpu:
+            raise ConfigError(
+                f"mpirun_hostfile={self.mpirun_hostfile!r}: mpirun starts multi-CPU runs only; "
+                f"add --cpu, or drop the hostfile to launch GPU processes through torchrun."
+            )
         self._check_gpu_ids()
 
     def _check_gpu_ids(self) -> None:
@@ -123,8 +152,20 @@ class LaunchConfig:
 
     @property
     def distributed(self) -> bool:
-        """Whether the launch goes through torchrun (more than one process in all)."""
-        return self.num_processes > 1 or self.num_machines > 1
+        """Whether the launch goes through torchrun: more than one process in all, or a
+        torchrun option that only torchrun can honour (tee, log_dir, restarts, ...)."""
+        return self.num_processes > 1 or self.num_machines > 1 or self.uses_torchrun_options
+
+    @property
+    def uses_torchrun_options(self) -> bool:
+        return (
+            self.tee != "0"
+            or self.log_dir is not None
+            or self.role != "default"
+            or self.rdzv_conf != ""
+            or self.monitor_interval != 0.1
+            or self.max_restarts > 0
+        )
 
     @property
     def gpu_id_list(self) -> list[int] | None:
@@ -147,6 +188,8 @@ class LaunchConfig:
             "main_process_port": self.main_process_port,
             "gpu_ids": self.gpu_ids,
             "config_file": self.config_file,
+            "debug": self.debug,
+            "enable_cpu_affinity": self.enable_cpu_affinity,
             "explicit": list(self.explicit),
             **self.handed_down,
         }
@@ -224,6 +267,9 @@ _INT_FIELDS = frozenset(
         "num_cpu_threads_per_process",
     }
 )
+_BOOL_FIELDS = frozenset(
+    {"cpu", "multi_gpu", "same_network", "enable_cpu_affinity", "debug", "no_python"}
+)
 
 
 def coerce(name: str, value: Any, where: str) -> Any:
@@ -237,7 +283,14 @@ def coerce(name: str, value: Any, where: str) -> Any:
             return int(value)
         except ValueError:
             raise ConfigError(f"{where}={value!r}: expected an integer.") from None
-    if name == "cpu":
+    if name == "monitor_interval":
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}={value!r}: expected a number of seconds.") from None
+    if name in _BOOL_FIELDS:
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no"):
+            value = value.lower() in ("true", "yes")
         if not isinstance(value, bool):
             raise ConfigError(f"{where}={value!r}: expected true or false.")
         return value

@@ -3,8 +3,10 @@
 A key falls in exactly one group:
 - USED: `accel launch` acts on it (it maps to a `LaunchConfig` field);
 - HANDED_DOWN: passed unchanged to the workers in the launch JSON, for the Accelerator;
-- NOTED: accelerate knows it, accel does not act on it yet; accepted, with a one-line note
-  when its value is not the inert default;
+- REFUSED: a feature accel does not provide (TPU, SageMaker, Megatron-LM, the engines not
+  built yet); accepted at its inert default, otherwise `accel launch` refuses it before
+  anything starts, naming the key, why, and what to use instead;
+- NOTED: accelerate's questionnaire records it and neither tool acts on it at launch;
 - anything else is an error naming the closest known key.
 """
 
@@ -48,13 +50,17 @@ USED_KEYS: dict[str, str] = {
     "use_cpu": "cpu",
     "gpu_ids": "gpu_ids",
     "rdzv_backend": "rdzv_backend",
+    "enable_cpu_affinity": "enable_cpu_affinity",
+    "same_network": "same_network",
+    "debug": "debug",
     # accel's own additions (accelerate passes these as flags only).
     "gradient_accumulation_steps": "gradient_accumulation_steps",
     "backend": "backend",
 }
 
-# Read by the launcher for validation or derivation, not mapped one-to-one to a field.
-SPECIAL_KEYS = ("compute_environment", "distributed_type", "same_network", "fp16")
+# Read by the launcher for validation or derivation, not mapped one-to-one to a field
+# (a top-level dynamo_backend is the old spelling of dynamo_config.dynamo_backend).
+SPECIAL_KEYS = ("compute_environment", "distributed_type", "fp16", "dynamo_backend")
 
 # Nested sections handed down as-is, with the keys accelerate writes in each.
 _FSDP_KEYS = (
@@ -132,7 +138,7 @@ HANDED_DOWN_SECTIONS: dict[str, tuple[str, ...]] = {
     "parallelism_config": _PARALLELISM_KEYS,
     "dynamo_config": _DYNAMO_KEYS,
 }
-HANDED_DOWN_KEYS = (*HANDED_DOWN_SECTIONS, "debug")
+HANDED_DOWN_KEYS = tuple(HANDED_DOWN_SECTIONS)
 
 _SAGEMAKER_KEYS = (
     "ec2_instance_type",
@@ -148,9 +154,9 @@ _SAGEMAKER_KEYS = (
     "sagemaker_metrics_file",
     "additional_args",
 )
-# Nested sections of noted keys: their keys are checked too, so a misspelling anywhere in a
-# file is caught.
-NOTED_SECTIONS: dict[str, tuple[str, ...]] = {
+# Nested sections that are not handed down: their keys are checked too, so a misspelling
+# anywhere in a file is caught (mpirun_config.mpirun_hostfile is used by the launcher).
+CHECKED_SECTIONS: dict[str, tuple[str, ...]] = {
     "megatron_lm_config": tuple(
         "megatron_lm_" + k
         for k in (
@@ -166,30 +172,60 @@ NOTED_SECTIONS: dict[str, tuple[str, ...]] = {
     "mpirun_config": ("mpirun_hostfile", "mpirun_ccl"),
 }
 
-# accelerate keys accepted but not acted on, with the value that means "nothing to do".
-NOTED_KEYS: dict[str, Any] = {
-    "main_training_function": "main",
-    "downcast_bf16": False,
-    "enable_cpu_affinity": False,
-    "megatron_lm_config": None,
-    "mpirun_config": None,
-    "tpu_name": None,
-    "tpu_zone": None,
-    "tpu_use_cluster": False,
-    "tpu_use_sudo": False,
-    "command_file": None,
-    "commands": None,
-    "tpu_vm": None,
-    "tpu_env": None,
-    "dynamo_backend": "NO",
-    **dict.fromkeys(_SAGEMAKER_KEYS),
+_TPU = "TPU/XLA is not provided by accel (launch TPU jobs with accelerate or torch_xla)"
+_SAGEMAKER = (
+    "SageMaker is not provided by accel: `accel launch` runs on this machine (use accelerate or "
+    "the SageMaker SDK)"
+)
+# accelerate keys accel does not provide: (the value that asks for nothing, why and instead).
+REFUSED_KEYS: dict[str, tuple[Any, str]] = {
+    "main_training_function": (
+        "main",
+        "accelerate calls it only to start TPU workers; accel runs the script as __main__ "
+        "(call your function under `if __name__ == '__main__':`, or use "
+        "accel.notebook_launcher(function) in a notebook)",
+    ),
+    "downcast_bf16": (False, "it is the TPU's bf16 downcast; " + _TPU),
+    "megatron_lm_config": (
+        None,
+        "Megatron-LM is not integrated in accel (use Megatron-LM's own launcher, or DDP)",
+    ),
+    "tpu_name": (None, _TPU),
+    "tpu_zone": (None, _TPU),
+    "tpu_use_cluster": (False, _TPU),
+    "tpu_use_sudo": (False, _TPU),
+    "command_file": (None, _TPU),
+    "commands": (None, _TPU),
+    "tpu_vm": (None, _TPU),
+    "tpu_env": (None, _TPU),
+    **dict.fromkeys(_SAGEMAKER_KEYS, (None, _SAGEMAKER)),
+}
+# Keys of sections accel does not provide: set to anything, they are refused.
+REFUSED_SECTIONS: dict[str, str] = {
+    "fsdp_config": "the FSDP engine is not in accel yet (run DDP, or use accelerate launch)",
+    "deepspeed_config": "the DeepSpeed engine is not in accel yet (run DDP, or use accelerate "
+    "launch)",
+    "parallelism_config": "tensor, context and sequence parallel degrees are not in accel yet "
+    "(run data parallel, DDP)",
+}
+# distributed_type values accel does not provide.
+REFUSED_TYPES: dict[str, str] = {
+    "XLA": _TPU,
+    "MEGATRON_LM": REFUSED_KEYS["megatron_lm_config"][1],
+    "FSDP": REFUSED_SECTIONS["fsdp_config"],
+    "DEEPSPEED": REFUSED_SECTIONS["deepspeed_config"],
 }
 
-ALL_KEYS = frozenset((*USED_KEYS, *SPECIAL_KEYS, *HANDED_DOWN_KEYS, *NOTED_KEYS))
+# Accepted and not acted on, by accelerate's launch either.
+NOTED_KEYS: dict[str, Any] = {"mpirun_config.mpirun_ccl": None}
+
+ALL_KEYS = frozenset(
+    (*USED_KEYS, *SPECIAL_KEYS, *HANDED_DOWN_KEYS, *REFUSED_KEYS, *CHECKED_SECTIONS)
+)
 
 
-def is_inert(key: str, value: Any) -> bool:
-    """True when a noted key's value asks for nothing (so no note is worth printing)."""
+def is_inert(value: Any, default: Any = None) -> bool:
+    """True when a value asks for nothing (so it needs no note and no refusal)."""
     if value in (None, False, "", "no", "NO") or value == {} or value == []:
         return True
-    return value == NOTED_KEYS.get(key)
+    return value == default

@@ -17,7 +17,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from accel_cli import _schema
-from accel_cli._command import build_command, build_env, physical_cores, with_rendezvous
+from accel_cli._command import (
+    build_command,
+    build_env,
+    physical_cores,
+    visible_gpus,
+    with_rendezvous,
+)
 from accel_cli._config import (
     ConfigError,
     ConfigFile,
@@ -28,8 +34,15 @@ from accel_cli._config import (
     read_config_data,
     write_config_file,
 )
-from accel_cli._environment import ENV_ACCEL_CONFIG, ENV_OMP_NUM_THREADS, default_config_path
+from accel_cli._environment import (
+    ENV_ACCEL_CONFIG,
+    ENV_DEBUG_MODE,
+    ENV_OMP_NUM_THREADS,
+    default_config_path,
+)
+from accel_cli._flags import given_flags
 from accel_cli._parser import _LAUNCH_FLAGS, build_parser, suggest_flag
+from accel_cli._refusals import check_launch, with_flag_sections
 from accel_cli._resolve import Resolution, resolve_launch_config
 from accel_cli._run import run_child
 
@@ -50,35 +63,79 @@ def _report(file: ConfigFile | None, resolution: Resolution, quiet: bool) -> Non
         _say(f"using config file {file.path} ({file.origin})")
         if file.noted:
             _say(
-                f"note: {file.path} sets {', '.join(file.noted)}, which accel accepts but does "
-                f"not act on yet"
+                f"note: {file.path} sets {', '.join(file.noted)}, which neither accel nor "
+                f"accelerate acts on at launch"
             )
     for notice in resolution.notices:
         _say(notice)
 
 
+# Flags of `_flags.FLAGS` that set a LaunchConfig field of the same name.
+_FIELD_FLAGS = (
+    "multi_gpu",
+    "same_network",
+    "enable_cpu_affinity",
+    "debug",
+    "mpirun_hostfile",
+    "tee",
+    "log_dir",
+    "role",
+    "rdzv_conf",
+    "monitor_interval",
+    "no_python",
+)
+
+
 def launch_command(args: argparse.Namespace) -> int:
-    """`accel launch`: resolve the configuration, then run the script or torchrun."""
+    """`accel launch`: resolve the configuration, refuse what accel does not provide, then
+    run the script, torchrun or mpirun."""
+    given = {**given_flags(args), "module": args.module}
     flags = {
-        name: getattr(args, name) for name in _LAUNCH_FIELDS if getattr(args, name) is not None
+        name: getattr(args, name)
+        for name in (*_LAUNCH_FIELDS, "multi_gpu", *_FIELD_FLAGS)
+        if getattr(args, name) is not None
     }
     file = _load(args.config_file, os.environ)
+    if flags.get("multi_gpu"):
+        flags.update(_multi_gpu_processes(flags, file))
     resolution = resolve_launch_config(flags, file)
+    check_launch(resolution.config, given, file)
     _report(file, resolution, args.quiet)
-    config = with_rendezvous(resolution.config)
-    if not args.module and not Path(args.script).is_file():
+    config = with_rendezvous(with_flag_sections(resolution.config, given))
+    if not args.module and not config.no_python and not Path(args.script).is_file():
         raise ConfigError(f"The script {args.script!r} does not exist (pass -m to run a module).")
-    cmd = build_command(config, args.script, args.script_args, module=args.module)
+    cmd = build_command(config, args.script, args.script_args, module=bool(args.module))
     cores = physical_cores() if config.cpu and config.nproc_per_node > 1 else None
     env = build_env(config, os.environ, cpu_cores=cores)
     if args.dry_run:
         print(shlex.join(cmd))
-        for name in (ENV_OMP_NUM_THREADS, "CUDA_VISIBLE_DEVICES"):
+        for name in (ENV_OMP_NUM_THREADS, "CUDA_VISIBLE_DEVICES", ENV_DEBUG_MODE):
             if env.get(name) != os.environ.get(name):
                 print(f"{name}={env[name]}")
         print(f"{ENV_ACCEL_CONFIG}={env[ENV_ACCEL_CONFIG]}")
         return 0
     return run_child(cmd, env)
+
+
+def _multi_gpu_processes(flags: Mapping[str, object], file: ConfigFile | None) -> dict:
+    """--multi_gpu: one process per visible GPU on each machine unless a count was given;
+    an error without GPUs."""
+    if flags.get("cpu"):
+        return {}  # LaunchConfig reports the contradiction
+    count = visible_gpus(os.environ)
+    if count == 0:
+        raise ConfigError(
+            "--multi_gpu needs GPUs and this machine has none visible (no GPU driver, or "
+            "CUDA_VISIBLE_DEVICES hides them). For several CPU processes use --cpu "
+            "--num_processes N."
+        )
+    file_values = file.values if file is not None else {}
+    if "num_processes" in flags or file_values.get("num_processes", -1) != -1:
+        return {}
+    if flags.get("gpu_ids", file_values.get("gpu_ids")) not in (None, "all"):
+        return {}  # one process per listed GPU (the resolver's default)
+    machines = int(flags.get("num_machines", file_values.get("num_machines", 1)))
+    return {"num_processes": count * machines}
 
 
 def config_default_command(args: argparse.Namespace) -> int:
@@ -178,7 +235,9 @@ def config_show_command(args: argparse.Namespace) -> int:
     for name, item in shown.items():
         print(f"{name}: {json.dumps(item['value'])}  [{item['source']}]")
     if file is not None and file.noted:
-        print(f"accepted but not acted on: {', '.join(file.noted)}")
+        print(f"accepted, acted on by neither tool at launch: {', '.join(file.noted)}")
+    for refused in file.refused if file is not None else ():
+        print(f"refused by accel launch: {refused}")
     for notice in resolution.notices:
         print(f"note: {notice}")
     return 0
@@ -248,6 +307,7 @@ def test_command(args: argparse.Namespace) -> int:
 
     file = _load(args.config_file, os.environ)
     resolution = resolve_launch_config({}, file)
+    check_launch(resolution.config, {}, file)
     _report(file, resolution, quiet=False)
     config = resolution.config
     where = "CPU" if config.cpu else "accelerators"

@@ -46,7 +46,17 @@ def te_recipe(kwargs: TERecipeKwargs | None = None) -> Any:
         "amax_history_len": kw.amax_history_len,
         "amax_compute_algo": kw.amax_compute_algo,
     }
-    if "interval" in inspect.signature(recipe.DelayedScaling).parameters:
+    params = inspect.signature(recipe.DelayedScaling).parameters
+    if kw.override_linear_precision != (False, False, False):
+        if "override_linear_precision" not in params:
+            raise ValueError(
+                f"TERecipeKwargs.override_linear_precision={kw.override_linear_precision}: this "
+                f"TransformerEngine version has no such setting; leave it (False, False, False)."
+            )
+        args["override_linear_precision"] = recipe._OverrideLinearPrecision(
+            *kw.override_linear_precision
+        )
+    if "interval" in params:
         args["interval"] = kw.interval
     elif kw.interval != 1:
         warnings.warn(

@@ -6,7 +6,8 @@ None of them reads the environment; the umbrella builds them from its own config
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -98,6 +99,7 @@ class TERecipeKwargs:
     `interval` (how often the scale is recomputed) is passed only to TE versions that still take
     it; newer ones recompute every step. `use_during_eval=False` runs eval forwards (under
     `torch.no_grad` with the model in eval mode) outside fp8, as bf16.
+    `override_linear_precision` (fprop, dgrad, wgrad) runs those GEMMs in higher precision.
     """
 
     margin: int = 0
@@ -106,6 +108,7 @@ class TERecipeKwargs:
     amax_history_len: int = 1024
     amax_compute_algo: str = "max"
     use_during_eval: bool = False
+    override_linear_precision: tuple[bool, bool, bool] = (False, False, False)
 
     def __post_init__(self) -> None:
         owner = "TERecipeKwargs"
@@ -118,6 +121,13 @@ class TERecipeKwargs:
         _check_choice(owner, "amax_compute_algo", self.amax_compute_algo, TE_AMAX_ALGOS)
         if not isinstance(self.use_during_eval, bool):
             raise ValueError(f"{owner}.use_during_eval={self.use_during_eval!r}: expected a bool.")
+        olp = tuple(self.override_linear_precision)
+        if len(olp) != 3 or not all(isinstance(v, bool) for v in olp):
+            raise ValueError(
+                f"{owner}.override_linear_precision={self.override_linear_precision!r}: expected "
+                f"three bools (fprop, dgrad, wgrad)."
+            )
+        object.__setattr__(self, "override_linear_precision", olp)
 
 
 ModuleFilter = Callable[[torch.nn.Module, str], bool]
@@ -190,6 +200,45 @@ class FP8RecipeKwargs:
             raise ValueError(f"FP8RecipeKwargs.ao={self.ao!r}: expected an AORecipeKwargs.")
 
     @classmethod
+    def from_config(cls, section: Mapping[str, Any]) -> FP8RecipeKwargs:
+        """Build from accelerate's `fp8_config` keys (a config file's section, or what
+        `accel launch --fp8_*` hands down). A value accel-precision cannot honour is an error
+        naming the key."""
+        unknown = set(section) - set(_FP8_CONFIG_KEYS)
+        if unknown:
+            raise ValueError(
+                f"fp8_config has unknown keys {sorted(unknown)}; accepted: {list(_FP8_CONFIG_KEYS)}."
+            )
+        backend = str(section.get("backend") or "auto").lower()
+        if backend == "msamp":
+            raise ValueError(
+                "fp8_config backend 'msamp': MS-AMP is not supported by accel-precision; use 'te' "
+                "(TransformerEngine) or 'ao' (torchao)."
+            )
+        level = str(section.get("optimization_level") or "O2").upper()
+        if level != "O2":
+            raise ValueError(
+                f"fp8_config optimization_level {level!r} is MS-AMP's, which accel-precision does "
+                f"not support; leave it at 'O2' and use the 'te' or 'ao' backend."
+            )
+        te: dict[str, Any] = {}
+        for key, field in _TE_FIELDS.items():
+            if section.get(key) is not None:
+                te[field] = section[key]
+        if "override_linear_precision" in te:
+            te["override_linear_precision"] = tuple(
+                _as_bool(v) for v in te["override_linear_precision"]
+            )
+        if "use_during_eval" in te:
+            te["use_during_eval"] = _as_bool(te["use_during_eval"])
+        ao = {
+            key: _as_bool(section[key])
+            for key in ("pad_inner_dim", "enable_fsdp_float8_all_gather")
+            if section.get(key) is not None
+        }
+        return cls(fp8_backend=backend, te=TERecipeKwargs(**te), ao=AORecipeKwargs(**ao))
+
+    @classmethod
     def coerce(
         cls, value: FP8RecipeKwargs | TERecipeKwargs | AORecipeKwargs | None
     ) -> FP8RecipeKwargs:
@@ -205,3 +254,29 @@ class FP8RecipeKwargs:
         raise TypeError(
             f"fp8_kwargs={value!r}: expected FP8RecipeKwargs, TERecipeKwargs, AORecipeKwargs or None."
         )
+
+
+# accelerate's fp8_config keys -> TERecipeKwargs fields (optimization_level is MS-AMP's; it
+# is accepted at its default, which asks nothing of TE or torchao).
+_TE_FIELDS = {
+    "margin": "margin",
+    "interval": "interval",
+    "fp8_format": "fp8_format",
+    "amax_history_length": "amax_history_len",
+    "amax_compute_algorithm": "amax_compute_algo",
+    "use_autocast_during_eval": "use_during_eval",
+    "override_linear_precision": "override_linear_precision",
+}
+_FP8_CONFIG_KEYS = (
+    "backend",
+    *_TE_FIELDS,
+    "optimization_level",
+    "pad_inner_dim",
+    "enable_fsdp_float8_all_gather",
+)
+
+
+def _as_bool(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "y", "t", "on")
+    return bool(value)

@@ -2,11 +2,17 @@
 
 Non-tensor leaves pass through untouched. Every collective returns its input unchanged when
 there is no process group or only one process.
+
+Debug mode (`ACCEL_DEBUG_MODE=1`, set by `accel launch --debug`): before gather, reduce,
+broadcast and pad_across_processes, every process shares the shapes it holds (one
+all_gather_object), and when they cannot meet, every process raises
+`DistributedOperationException` naming each process's shapes, instead of hanging.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -106,6 +112,66 @@ def send_to_device(
     return move(tensor)
 
 
+# Read on each collective: "1"/"true"/"yes"/"on" switches the shape checks on.
+ENV_DEBUG_MODE = "ACCEL_DEBUG_MODE"
+
+
+class DistributedOperationException(RuntimeError):
+    """A collective whose inputs cannot meet across processes (raised in debug mode)."""
+
+
+def debug_mode() -> bool:
+    """Whether collectives check shapes across processes first (`ACCEL_DEBUG_MODE`)."""
+    return os.environ.get(ENV_DEBUG_MODE, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+Shapes = list[tuple[int, ...]]
+
+
+def shape_mismatch(operation: str, shapes: Sequence[Shapes], dim: int = 0) -> str | None:
+    """Why the shapes each process holds cannot meet in `operation`, or None when they can.
+
+    gather: same number of tensors, same dimensions after the first; pad_across_processes:
+    the same except along `dim`; reduce and broadcast: identical shapes.
+    """
+    first = shapes[0]
+    if any(len(s) != len(first) for s in shapes):
+        return "the processes hold different numbers of tensors"
+    for i, leaf in enumerate(first):
+        others = [s[i] for s in shapes]
+        if any(len(o) != len(leaf) for o in others):
+            return f"tensor {i} has a different number of dimensions on some processes"
+        if operation == "gather":
+            if any(o[1:] != leaf[1:] for o in others):
+                return f"tensor {i} differs after its first dimension (only that one may vary)"
+        elif operation == "pad_across_processes":
+            axis = dim % len(leaf) if leaf else 0
+            strip = [o[:axis] + o[axis + 1 :] for o in others]
+            if any(o != strip[0] for o in strip):
+                return f"tensor {i} differs in a dimension other than dim={dim}"
+        elif any(o != leaf for o in others):
+            return f"tensor {i} has different shapes (they must be identical)"
+    return None
+
+
+def _verify(operation: str, data: Any, dim: int = 0) -> None:
+    """In debug mode, raise on every process when the shapes cannot meet in `operation`."""
+    if not debug_mode():
+        return
+    import torch.distributed as dist
+
+    mine = [tuple(t.shape) for t in _leaves(data)]
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    why = shape_mismatch(operation, everyone, dim)
+    if why is not None:
+        listing = "\n".join(f"  - process {r}: {s}" for r, s in enumerate(everyone))
+        raise DistributedOperationException(
+            f"{operation}: the tensors' shapes cannot meet across processes ({why}); stopped "
+            f"instead of hanging ({ENV_DEBUG_MODE} is on). Shapes:\n{listing}"
+        )
+
+
 def _world() -> int:
     import torch.distributed as dist
 
@@ -148,6 +214,7 @@ def gather(tensor: Any) -> Any:
     """
     if _world() == 1:
         return tensor
+    _verify("gather", tensor)
     return recursively_apply(_gather_one, tensor, error_on_other_type=False)
 
 
@@ -170,6 +237,7 @@ def broadcast(tensor: Any, from_process: int = 0) -> Any:
 
     if _world() == 1:
         return tensor
+    _verify("broadcast", tensor)
 
     def one(t: torch.Tensor) -> torch.Tensor:
         dist.broadcast(t, src=from_process)
@@ -195,6 +263,8 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     if reduction not in ("sum", "mean", "none"):
         raise ValueError(f"reduction={reduction!r}: expected 'sum', 'mean' or 'none'.")
     world = _world()
+    if world > 1 and reduction != "none":
+        _verify("reduce", tensor)
 
     def one(t: torch.Tensor) -> torch.Tensor:
         out = t.clone()
@@ -215,6 +285,7 @@ def pad_across_processes(
 
     if _world() == 1:
         return tensor
+    _verify("pad_across_processes", tensor, dim)
 
     def one(t: torch.Tensor) -> torch.Tensor:
         if t.ndim == 0 or dim >= t.ndim or dim < -t.ndim:

@@ -1,0 +1,367 @@
+"""accelerate's `launch` flags that accel adds to its own launch flags, and what each does.
+
+Every flag of accelerate 1.15's `launch` is accepted with the same spelling, type and
+default. Each one here is either honoured (passed to torchrun, to the workers' launch
+configuration, or acted on by the launcher) or refused before anything starts, with the
+reason and what to use instead. None is accepted and ignored; a flag left at its default
+asks for nothing and is never refused.
+
+Argparse defaults are None so that resolution can tell a given flag from one left out;
+`Flag.default` is accelerate's default, the value a flag left out stands for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+# Why a group of flags is refused, and what to use instead.
+TPU = (
+    "TPU/XLA is not provided by accel, which runs on CPUs and GPUs through torch.distributed; "
+    "launch TPU jobs with `accelerate launch --tpu` or torch_xla's own launcher"
+)
+SAGEMAKER = (
+    "Amazon SageMaker is not provided by accel: `accel launch` runs on this machine; submit "
+    "SageMaker jobs with `accelerate launch` or the SageMaker Python SDK"
+)
+MEGATRON = (
+    "Megatron-LM is not integrated in accel; use Megatron-LM's own launcher, or DDP (the "
+    "default with several processes)"
+)
+DEEPSPEED = (
+    "the DeepSpeed engine is not in accel yet; run without it (DDP is the default with several "
+    "processes), or launch with `accelerate launch`"
+)
+FSDP = (
+    "the FSDP engine is not in accel yet; run without it (DDP is the default with several "
+    "processes), or launch with `accelerate launch`"
+)
+PARALLELISM = (
+    "tensor, context and sequence parallel degrees (parallelism_config) are not in accel yet; "
+    "run data parallel (DDP, the default with several processes)"
+)
+MSAMP = (
+    "MS-AMP is not supported by accel-precision; use --fp8_backend te (TransformerEngine) or "
+    "ao (torchao)"
+)
+
+
+def str_to_bool(value: str) -> bool:
+    """'yes'/'true'/'1'/... -> True, 'no'/'false'/'0'/... -> False (accelerate's spellings)."""
+    text = str(value).strip().lower()
+    if text in ("y", "yes", "t", "true", "on", "1"):
+        return True
+    if text in ("n", "no", "f", "false", "off", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"invalid truth value {value!r}: expected true or false")
+
+
+def bool_triple(value: str) -> tuple[bool, bool, bool]:
+    """'false,true,false' -> (False, True, False): fprop, dgrad, wgrad."""
+    parts = tuple(str_to_bool(v) for v in str(value).strip("()[] ").split(","))
+    if len(parts) != 3:
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: expected three comma-separated booleans (fprop,dgrad,wgrad)"
+        )
+    return parts  # type: ignore[return-value]
+
+
+def loose_bool(value: str) -> bool:
+    """Any non-empty string is True: accelerate parses its megatron_lm booleans with `bool`."""
+    return bool(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    """One accelerate launch flag as accel declares it."""
+
+    name: str  # accelerate's dest; the flag is --name and --name-with-dashes
+    default: Any = None  # accelerate's default (what a flag left out means)
+    type: Callable[[str], Any] | None = None  # None: store_true
+    choices: tuple[Any, ...] | None = None
+    help: str = ""
+    refused: str | None = None  # why accel does not provide it (None: honoured)
+    options: tuple[str, ...] = ()  # the option strings, when not the usual two
+    append: bool = False  # repeatable (--vm, --env)
+
+    @property
+    def option_strings(self) -> tuple[str, ...]:
+        if self.options:
+            return self.options
+        dashed = f"--{self.name.replace('_', '-')}"
+        return (f"--{self.name}",) if dashed == f"--{self.name}" else (f"--{self.name}", dashed)
+
+    def is_default(self, value: Any) -> bool:
+        """Whether `value` asks for nothing beyond the flag's default."""
+        if value is None or value == self.default:
+            return True
+        if self.type is None:  # store_true: False is the default
+            return not value
+        return str(value).strip().lower() == str(self.default).strip().lower()
+
+
+def _f(name: str, default: Any = None, kind: Any = str, **kw: Any) -> Flag:
+    return Flag(name, default, kind, **kw)
+
+
+def _switch(name: str, **kw: Any) -> Flag:
+    return Flag(name, False, None, **kw)
+
+
+DYNAMO_BACKENDS = (
+    "no",
+    "eager",
+    "aot_eager",
+    "inductor",
+    "aot_ts_nvfuser",
+    "nvprims_nvfuser",
+    "cudagraphs",
+    "ofi",
+    "fx2trt",
+    "onnxrt",
+    "tensorrt",
+    "aot_torchxla_trace_once",
+    "torhchxla_trace_once",
+    "tvm",
+)
+# Backends torch no longer ships, and the XLA ones: refused before the launch.
+REFUSED_DYNAMO_BACKENDS = {
+    "aot_ts_nvfuser": "nvFuser was removed from torch; use inductor",
+    "nvprims_nvfuser": "nvFuser was removed from torch; use inductor",
+    "ofi": "torch no longer ships the 'ofi' backend; use inductor",
+    "fx2trt": "torch no longer ships the 'fx2trt' backend; use tensorrt (torch-tensorrt) or inductor",
+    "aot_torchxla_trace_once": TPU,
+    "torhchxla_trace_once": TPU,
+}
+
+_DYNAMO = (
+    _f("dynamo_backend", kind=str, choices=DYNAMO_BACKENDS, help="torch.compile backend ('no': "
+       "no compilation)."),
+    _f("dynamo_mode", "default", choices=("default", "reduce-overhead", "max-autotune"),
+       help="torch.compile mode."),
+    _switch("dynamo_use_fullgraph", help="Compile the whole model as one graph (no breaks)."),
+    _switch("dynamo_use_dynamic", help="Trace with dynamic shapes."),
+    _switch("dynamo_use_regional_compilation",
+            help="Compile each repeated block (children of an nn.ModuleList) instead of the whole "
+                 "model."),
+)  # fmt: skip
+
+_FP8 = (
+    _f("fp8_backend", choices=("ao", "te", "msamp"), help="fp8 backend: te (TransformerEngine) or "
+       "ao (torchao); default: the first installed."),
+    _switch("fp8_use_autocast_during_eval", help="TE: run eval forwards in fp8 too."),
+    _f("fp8_margin", 0, int, help="TE: margin of the scaling factor."),
+    _f("fp8_interval", 1, int, help="TE: steps between scaling factor updates."),
+    _f("fp8_format", "HYBRID", choices=("HYBRID", "E4M3", "E5M2"), help="TE: fp8 format."),
+    _f("fp8_amax_history_len", 1024, int, help="TE: amax history length."),
+    _f("fp8_amax_compute_algo", "most_recent", choices=("max", "most_recent"),
+       help="TE: how amax is taken from the history."),
+    _f("fp8_override_linear_precision", (False, False, False), bool_triple,
+       help="TE: fprop,dgrad,wgrad GEMMs in higher precision, e.g. false,false,true."),
+    _f("fp8_opt_level", "O2", choices=("O1", "O2"), help="MS-AMP opt level (not supported)."),
+    _f("fp8_enable_fsdp_float8_all_gather", True, str_to_bool,
+       help="ao: float8 all-gather under FSDP2."),
+    _f("fp8_pad_inner_dim", True, str_to_bool, help="ao: pad GEMM inner dimensions to 16."),
+)  # fmt: skip
+
+# Flags whose value goes into a config-file section handed to the workers: flag -> (section, key).
+SECTION_KEYS: dict[str, tuple[str, str]] = {
+    **{f.name: ("dynamo_config", f.name) for f in _DYNAMO},
+    "fp8_backend": ("fp8_config", "backend"),
+    "fp8_use_autocast_during_eval": ("fp8_config", "use_autocast_during_eval"),
+    "fp8_margin": ("fp8_config", "margin"),
+    "fp8_interval": ("fp8_config", "interval"),
+    "fp8_format": ("fp8_config", "fp8_format"),
+    "fp8_amax_history_len": ("fp8_config", "amax_history_length"),
+    "fp8_amax_compute_algo": ("fp8_config", "amax_compute_algorithm"),
+    "fp8_override_linear_precision": ("fp8_config", "override_linear_precision"),
+    "fp8_opt_level": ("fp8_config", "optimization_level"),
+    "fp8_enable_fsdp_float8_all_gather": ("fp8_config", "enable_fsdp_float8_all_gather"),
+    "fp8_pad_inner_dim": ("fp8_config", "pad_inner_dim"),
+}
+
+_TORCHRUN = (
+    _f("tee", "0", options=("-t", "--tee"), help="torchrun: tee each worker's output to a log file "
+       "as well as the console (0 none, 1 stdout, 2 stderr, 3 both)."),
+    _f("log_dir", help="torchrun: folder for the workers' log files."),
+    _f("role", "default", options=("--role",), help="torchrun: role name of the workers."),
+    _f("rdzv_conf", "", help="torchrun: extra rendezvous settings, k1=v1,k2=v2."),
+    _f("monitor_interval", 0.1, float, help="torchrun: seconds between checks of the workers."),
+    Flag("no_python", None, None, help="Run SCRIPT as a program, without `python`."),
+)  # fmt: skip
+
+_OTHER = (
+    _switch("enable_cpu_affinity", help="Pin each process to its share of this machine's cores."),
+    _switch("same_network", help="Machines share a network: rendezvous on --main_process_ip "
+            "and --main_process_port directly."),
+    Flag("debug", None, None, help="Check tensor shapes on every process before each gather, "
+         "reduce, broadcast and pad, and fail on a mismatch instead of hanging."),
+    _f("mpirun_hostfile", help="Start the CPU processes with mpirun and this hostfile."),
+    _f("main_training_function", help="accelerate's TPU entry function (refused unless 'main')."),
+    _switch("downcast_bf16", refused="--downcast_bf16 is the TPU's bf16 downcast: " + TPU),
+    _f("gradient_clipping", kind=float, refused="--gradient_clipping is DeepSpeed's setting and "
+       "the DeepSpeed engine is not in accel yet; call accelerator.clip_grad_norm_(parameters, "
+       "max_norm) in the training loop"),
+)  # fmt: skip
+
+_TPU = (
+    _switch("tpu", refused=TPU),
+    _switch("tpu_use_cluster", options=("--tpu_cluster", "--tpu-cluster"), refused=TPU),
+    Flag("no_tpu_cluster", None, None, options=("--no_tpu_cluster", "--no-tpu-cluster"),
+         refused=TPU),
+    _switch("tpu_use_sudo", refused=TPU),
+    _f("vm", append=True, refused=TPU),
+    _f("env", append=True, refused=TPU),
+)  # fmt: skip
+
+_SAGEMAKER = (
+    _f("aws_access_key_id", refused=SAGEMAKER),
+    _f("aws_secret_access_key", refused=SAGEMAKER),
+)
+
+_DEEPSPEED = (
+    _switch("use_deepspeed", refused=DEEPSPEED),
+    _f("deepspeed_config_file", refused=DEEPSPEED),
+    _f("zero_stage", kind=int, refused=DEEPSPEED),
+    _f("offload_optimizer_device", refused=DEEPSPEED),
+    _f("offload_param_device", refused=DEEPSPEED),
+    _f("offload_optimizer_nvme_path", refused=DEEPSPEED),
+    _f("offload_param_nvme_path", refused=DEEPSPEED),
+    _f("zero3_init_flag", refused=DEEPSPEED),
+    _f("zero3_save_16bit_model", refused=DEEPSPEED),
+    _f("deepspeed_hostfile", refused=DEEPSPEED),
+    _f("deepspeed_exclusion_filter", refused=DEEPSPEED),
+    _f("deepspeed_inclusion_filter", refused=DEEPSPEED),
+    _f("deepspeed_multinode_launcher", refused=DEEPSPEED),
+    _f("deepspeed_moe_layer_cls_names", refused=DEEPSPEED),
+)
+
+_FSDP = (
+    _switch("use_fsdp", refused=FSDP),
+    _f("fsdp_version", "1", choices=("1", "2"), refused=FSDP),
+    _f("fsdp_offload_params", "false", refused=FSDP),
+    _f("fsdp_min_num_params", 100000000, int, refused=FSDP),
+    _f("fsdp_sharding_strategy", "FULL_SHARD", refused=FSDP),
+    _f("fsdp_reshard_after_forward", "true", refused=FSDP),
+    _f("fsdp_auto_wrap_policy", refused=FSDP),
+    _f("fsdp_transformer_layer_cls_to_wrap", refused=FSDP),
+    _f("fsdp_backward_prefetch", refused=FSDP),
+    _f("fsdp_state_dict_type", refused=FSDP),
+    _f("fsdp_forward_prefetch", "false", refused=FSDP),
+    _f("fsdp_use_orig_params", "true", refused=FSDP),
+    _f("fsdp_cpu_ram_efficient_loading", "true", refused=FSDP),
+    _f("fsdp_sync_module_states", "true", refused=FSDP),
+    _f("fsdp_activation_checkpointing", "false", refused=FSDP),
+    _f("fsdp_activation_checkpointing_offload", "false", refused=FSDP),
+)
+
+_MEGATRON = (
+    _switch("use_megatron_lm", refused=MEGATRON),
+    _f("megatron_lm_tp_degree", 1, int, refused=MEGATRON),
+    *(
+        _f(f"megatron_lm_{n}", False, loose_bool, refused=MEGATRON)
+        for n in (
+            "use_custom_fsdp",
+            "no_load_optim",
+            "eod_mask_loss",
+            "overlap_cpu_optimizer_d2h_h2d",
+            "no_save_optim",
+            "optimizer_cpu_offload",
+            "use_precision_aware_optimizer",
+        )
+    ),
+    _f("megatron_lm_decoder_last_pipeline_num_layers", kind=int, refused=MEGATRON),
+    _f("megatron_lm_pp_degree", 1, int, refused=MEGATRON),
+    _f("megatron_lm_num_micro_batches", kind=int, refused=MEGATRON),
+    _f("megatron_lm_sequence_parallelism", refused=MEGATRON),
+    _f("megatron_lm_recompute_activations", refused=MEGATRON),
+    _f("megatron_lm_use_distributed_optimizer", refused=MEGATRON),
+    _f("megatron_lm_gradient_clipping", 1.0, float, refused=MEGATRON),
+    _f("megatron_lm_recompute_granularity", refused=MEGATRON),
+    _f("megatron_lm_recompute_method", refused=MEGATRON),
+    _f("megatron_lm_recompute_num_layers", kind=int, refused=MEGATRON),
+    _f("megatron_lm_attention_backend", refused=MEGATRON),
+    _f("megatron_lm_expert_model_parallel_size", kind=int, refused=MEGATRON),
+    _f("megatron_lm_context_parallel_size", kind=int, refused=MEGATRON),
+    _f("megatron_lm_attention_dropout", kind=float, refused=MEGATRON),
+    _f("megatron_lm_hidden_dropout", kind=float, refused=MEGATRON),
+    _f("megatron_lm_attention_softmax_in_fp32", refused=MEGATRON),
+    _f("megatron_lm_expert_tensor_parallel_size", kind=int, refused=MEGATRON),
+    _f("megatron_lm_calculate_per_token_loss", refused=MEGATRON),
+    _f("megatron_lm_use_rotary_position_embeddings", refused=MEGATRON),
+)
+
+_PARALLELISM = (
+    _switch("use_parallelism_config", refused=PARALLELISM),
+    *(
+        _f(f"parallelism_config_{n}", 1, int, refused=PARALLELISM)
+        for n in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size")
+    ),
+    _f("parallelism_config_cp_backend", "torch", choices=("torch",), refused=PARALLELISM),
+    _f("parallelism_config_cp_comm_strategy", "allgather", refused=PARALLELISM),
+    _f("parallelism_config_sp_backend", "deepspeed", choices=("deepspeed",), refused=PARALLELISM),
+    _f("parallelism_config_sp_seq_length", refused=PARALLELISM),
+    _f("parallelism_config_sp_seq_length_is_variable", True, loose_bool, refused=PARALLELISM),
+    _f("parallelism_config_sp_attn_implementation", "sdpa", refused=PARALLELISM),
+)
+
+FLAGS: tuple[Flag, ...] = (
+    *_DYNAMO,
+    *_FP8,
+    *_TORCHRUN,
+    *_OTHER,
+    *_TPU,
+    *_SAGEMAKER,
+    *_DEEPSPEED,
+    *_FSDP,
+    *_MEGATRON,
+    *_PARALLELISM,
+)
+BY_NAME: dict[str, Flag] = {f.name: f for f in FLAGS}
+
+_GROUPS = (
+    ("torch.compile (dynamo)", _DYNAMO),
+    ("fp8 (with --mixed_precision fp8)", _FP8),
+    ("torchrun", _TORCHRUN),
+    ("other", _OTHER),
+    ("refused: TPU", _TPU),
+    ("refused: SageMaker", _SAGEMAKER),
+    ("refused: DeepSpeed (not built yet)", _DEEPSPEED),
+    ("refused: FSDP (not built yet)", _FSDP),
+    ("refused: Megatron-LM", _MEGATRON),
+    ("refused: parallelism_config (not built yet)", _PARALLELISM),
+)
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """Add every flag of `FLAGS` to the launch parser, each in its group."""
+    for title, flags in _GROUPS:
+        group = parser.add_argument_group(title)
+        for flag in flags:
+            kwargs: dict[str, Any] = {"dest": flag.name, "default": None}
+            text = flag.help or f"Refused: {flag.refused}."
+            if flag.default not in (None, False):
+                text += f" (default: {flag.default})"
+            if flag.type is None:
+                kwargs["action"] = "store_true"
+            else:
+                kwargs["type"] = flag.type
+                kwargs["action"] = "append" if flag.append else "store"
+                if flag.choices:
+                    kwargs["choices"] = flag.choices
+                else:
+                    kwargs["metavar"] = "VALUE"
+            group.add_argument(*flag.option_strings, help=text, **kwargs)
+
+
+def given_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags of `FLAGS` that the command line set, by name."""
+    return {f.name: getattr(args, f.name) for f in FLAGS if getattr(args, f.name) is not None}
+
+
+def effective(name: str, given: Mapping[str, Any]) -> Any:
+    """A flag's value: the one given, else accelerate's default."""
+    value = given.get(name)
+    return BY_NAME[name].default if value is None else value

@@ -1,0 +1,118 @@
+"""What `accel launch` refuses before anything starts, and the flags it folds into sections.
+
+A refusal names the flag or key, why accel does not provide it, and what to use instead. A
+flag or key left at its default is never refused. All refusals of one command line are
+reported together.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from accel_cli._config import ConfigError, ConfigFile
+from accel_cli._flags import (
+    FLAGS,
+    MSAMP,
+    REFUSED_DYNAMO_BACKENDS,
+    SECTION_KEYS,
+    effective,
+)
+from accel_cli._resolve import LaunchConfig
+
+_E5M2 = (
+    "E5M2 for every tensor is not a training recipe TransformerEngine or torchao offers; use "
+    "HYBRID (E4M3 forward, E5M2 gradients) or E4M3"
+)
+_OPT_LEVEL = "it sets MS-AMP's optimizer level, and " + MSAMP
+
+
+def _value_refusal(name: str, value: Any) -> str | None:
+    """Why this value of an honoured flag or section key cannot be honoured (None: it can)."""
+    text = str(value).strip()
+    if name == "dynamo_backend" and text.lower() in REFUSED_DYNAMO_BACKENDS:
+        return REFUSED_DYNAMO_BACKENDS[text.lower()]
+    if name == "fp8_backend" and text.lower() == "msamp":
+        return MSAMP
+    if name == "fp8_format" and text.upper() == "E5M2":
+        return _E5M2
+    if name == "fp8_opt_level" and text.upper() == "O1":
+        return _OPT_LEVEL
+    return None
+
+
+def flag_refusals(given: Mapping[str, Any], mixed_precision: str = "no") -> list[str]:
+    """One message per given flag that asks for something accel does not provide."""
+    out = []
+    for flag in FLAGS:
+        value = given.get(flag.name)
+        if flag.is_default(value):
+            continue
+        spelled = flag.option_strings[-1 if flag.option_strings[0] == "-t" else 0]
+        shown = "" if flag.type is None else f" {value}"
+        if flag.refused:
+            out.append(f"{spelled}{shown}: {flag.refused}.")
+        elif (why := _value_refusal(flag.name, value)) is not None:
+            out.append(f"{spelled}{shown}: {why}.")
+        elif flag.name.startswith("fp8_") and mixed_precision != "fp8":
+            out.append(
+                f"{spelled}{shown}: fp8 settings apply only with --mixed_precision fp8 (the run "
+                f"uses {mixed_precision!r}); add --mixed_precision fp8 or drop {spelled}."
+            )
+    main = given.get("main_training_function")
+    if main is not None and main != "main":
+        out.append(
+            f"--main_training_function {main}: accelerate calls it only to start TPU workers; "
+            f"accel runs the script as __main__ (call {main}() under `if __name__ == "
+            f"'__main__':`, or use accel.notebook_launcher({main}) in a notebook)."
+        )
+    return out
+
+
+def section_refusals(handed_down: Mapping[str, Any]) -> list[str]:
+    """Messages for dynamo_config / fp8_config values accel cannot honour."""
+    out = []
+    for flag_name, (section, key) in SECTION_KEYS.items():
+        value = (handed_down.get(section) or {}).get(key)
+        if value is None:
+            continue
+        why = _value_refusal(flag_name, value)
+        if why is not None:
+            out.append(f"{section}.{key}: {value!r}: {why}.")
+    return out
+
+
+def with_flag_sections(config: LaunchConfig, given: Mapping[str, Any]) -> LaunchConfig:
+    """Fold the dynamo and fp8 flags into the `dynamo_config` / `fp8_config` sections the
+    workers read (a flag beats the file's key). Under fp8, keys neither sets take
+    accelerate's launch defaults, so a run means what `accelerate launch` would."""
+    sections = {k: dict(v) for k, v in config.handed_down.items() if isinstance(v, Mapping)}
+    handed = dict(config.handed_down)
+    fp8 = config.mixed_precision == "fp8"
+    for name, (section, key) in SECTION_KEYS.items():
+        if section == "fp8_config" and not fp8:
+            continue  # fp8 flags at their defaults ask nothing of other precisions
+        value = given.get(name)
+        if value is None and section == "fp8_config":
+            value = None if key in sections.get(section, {}) else effective(name, given)
+        if value is None:
+            continue
+        if isinstance(value, tuple):
+            value = list(value)
+        sections.setdefault(section, {})[key] = value
+    for section in ("dynamo_config", "fp8_config"):
+        if sections.get(section):
+            handed[section] = sections[section]
+    return dataclasses.replace(config, handed_down=handed)
+
+
+def check_launch(config: LaunchConfig, given: Mapping[str, Any], file: ConfigFile | None) -> None:
+    """Raise one ConfigError listing everything this launch asks for that accel refuses."""
+    problems = flag_refusals(given, config.mixed_precision)
+    problems += [] if file is None else list(file.refused)
+    if given.get("no_python") and given.get("module"):
+        problems.append("--no_python and -m/--module contradict: pick one.")
+    if problems:
+        lines = "\n  - ".join(dict.fromkeys(problems))
+        raise ConfigError(f"accel launch does not provide what this run asks for:\n  - {lines}")

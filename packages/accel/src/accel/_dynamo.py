@@ -1,0 +1,145 @@
+"""torch.compile for prepared models: `TorchDynamoPlugin` and the compile step of `prepare`.
+
+The backend comes from the code (`Accelerator(dynamo_backend=...)` or `dynamo_plugin=`), else
+from `accel launch --dynamo_*` (the `dynamo_config` section of the launch configuration),
+else no compilation. Regional compilation compiles each repeated block (every child of an
+`nn.ModuleList`) in place, so state-dict keys do not change; a model without repeated
+blocks is compiled whole.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+from torch import nn
+
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def _name(value: Any) -> str:
+    """'inductor' from 'INDUCTOR' or an enum member whose value is 'INDUCTOR'."""
+    return str(getattr(value, "value", value)).strip().lower()
+
+
+def _flag(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "y", "t", "on")
+    return bool(value)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TorchDynamoPlugin:
+    """How `prepare` compiles models with `torch.compile`.
+
+    `backend` "no" leaves models uncompiled; any other name is a torch.compile backend
+    ("inductor", "eager", "aot_eager", "cudagraphs", ...). `mode`, `fullgraph`, `dynamic` and
+    `options` are torch.compile's; `disable=True` makes compilation a no-op;
+    `use_regional_compilation` compiles repeated blocks instead of the whole model.
+    """
+
+    backend: str = "no"
+    mode: str | None = None
+    fullgraph: bool = False
+    dynamic: bool | None = None
+    options: Mapping[str, Any] | None = None
+    disable: bool = False
+    use_regional_compilation: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "backend", _name(self.backend) or "no")
+        if self.mode is not None and self.mode not in MODES:
+            raise ValueError(f"TorchDynamoPlugin.mode={self.mode!r}: expected one of {MODES}.")
+        if self.mode is not None and self.options:
+            raise ValueError("TorchDynamoPlugin: torch.compile takes mode or options, not both.")
+
+    @property
+    def enabled(self) -> bool:
+        return self.backend != "no" and not self.disable
+
+    def compile_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of torch.compile."""
+        kwargs: dict[str, Any] = {"backend": self.backend, "fullgraph": self.fullgraph}
+        if self.options:
+            kwargs["options"] = dict(self.options)
+        elif self.mode not in (None, "default"):
+            kwargs["mode"] = self.mode
+        if self.dynamic is not None:
+            kwargs["dynamic"] = self.dynamic
+        return kwargs
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_launch(cls, section: Mapping[str, Any]) -> TorchDynamoPlugin:
+        """From accelerate's `dynamo_config` keys (what `accel launch --dynamo_*` hands down)."""
+        return cls(
+            backend=section.get("dynamo_backend") or "no",
+            mode=section.get("dynamo_mode") or "default",
+            fullgraph=_flag(section.get("dynamo_use_fullgraph", False)),
+            dynamic=_flag(section.get("dynamo_use_dynamic", False)),
+            use_regional_compilation=_flag(section.get("dynamo_use_regional_compilation", False)),
+        )
+
+
+def resolve_dynamo_plugin(
+    backend: Any, plugin: TorchDynamoPlugin | None, launched: Mapping[str, Any]
+) -> TorchDynamoPlugin:
+    """The code's choice (with a warning when `accel launch` said otherwise), else the launch's."""
+    if backend is not None and plugin is not None:
+        raise ValueError(
+            "Pass dynamo_backend or dynamo_plugin to the Accelerator, not both "
+            "(TorchDynamoPlugin(backend=...) holds the backend)."
+        )
+    from_launch = TorchDynamoPlugin.from_launch(launched) if launched else None
+    chosen = plugin or (TorchDynamoPlugin(backend=backend) if backend is not None else None)
+    if chosen is None:
+        chosen = from_launch or TorchDynamoPlugin()
+    elif from_launch is not None and from_launch.backend != chosen.backend:
+        warnings.warn(
+            f"The code sets dynamo_backend={chosen.backend!r} but `accel launch` was configured "
+            f"with dynamo_backend={from_launch.backend!r}; using the code's value.",
+            stacklevel=3,
+        )
+    if chosen.enabled:
+        _check_backend(chosen.backend)
+    return chosen
+
+
+def _check_backend(name: str) -> None:
+    import torch._dynamo
+
+    known = torch._dynamo.list_backends(exclude_tags=())
+    if name not in known:
+        raise ValueError(
+            f"dynamo_backend={name!r} is not a torch.compile backend of this torch; available: "
+            f"{', '.join(['no', *known])}."
+        )
+
+
+def compile_model(model: nn.Module, plugin: TorchDynamoPlugin, inner: nn.Module) -> nn.Module:
+    """`model` compiled as `plugin` says (`inner` is the user's module under any wrapper).
+
+    Regional: every child of each `nn.ModuleList` of `inner` is compiled in place and `model`
+    is returned; without repeated blocks, or otherwise, `torch.compile(model)`.
+    """
+    if not plugin.enabled:
+        return model
+    import torch
+
+    kwargs = plugin.compile_kwargs()
+    if plugin.use_regional_compilation:
+        blocks: dict[str, nn.Module] = {}
+        for name, module in inner.named_modules():
+            if isinstance(module, nn.ModuleList) and not any(
+                name.startswith(f"{outer}.") for outer in blocks
+            ):
+                blocks.update({f"{name}.{i}": b for i, b in enumerate(module)})
+        if blocks:
+            for block in blocks.values():
+                block.compile(**kwargs)
+            return model
+    return torch.compile(model, **kwargs)
