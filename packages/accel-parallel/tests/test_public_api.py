@@ -4,6 +4,8 @@ EXPECTED = [
     "DDPCommunicationHookType",
     "DDPStrategy",
     "DistributedDataParallelKwargs",
+    "FSDP2Strategy",
+    "FullyShardedDataParallelPlugin",
     "ProcessInfo",
     "SingleDeviceStrategy",
     "Strategy",

@@ -10,6 +10,8 @@ from accel_parallel import (
     DDPCommunicationHookType,
     DDPStrategy,
     DistributedDataParallelKwargs,
+    FSDP2Strategy,
+    FullyShardedDataParallelPlugin,
     ProcessInfo,
     SingleDeviceStrategy,
     select_strategy,
@@ -23,8 +25,13 @@ def test_selection_follows_the_number_of_processes() -> None:
     assert isinstance(select_strategy(ProcessInfo(CPU, num_processes=2)), DDPStrategy)
     with pytest.raises(ValueError, match="cannot run 2 processes"):
         select_strategy(ProcessInfo(CPU, num_processes=2), name="single_device")
-    with pytest.raises(NotImplementedError, match="'fsdp' is not available"):
-        select_strategy(ProcessInfo(CPU), name="fsdp")
+    with pytest.raises(NotImplementedError, match="'deepspeed' is not available"):
+        select_strategy(ProcessInfo(CPU), deepspeed_plugin=object())
+    plugin = FullyShardedDataParallelPlugin()
+    assert isinstance(select_strategy(ProcessInfo(CPU), fsdp_plugin=plugin), FSDP2Strategy)
+    launched = {"distributed_type": "FSDP", "fsdp_config": {"fsdp_reshard_after_forward": False}}
+    chosen = select_strategy(ProcessInfo(CPU, num_processes=2), launch_config=launched)
+    assert isinstance(chosen, FSDP2Strategy) and chosen.plugin.reshard_after_forward is False
     with pytest.raises(ValueError, match="Unknown strategy 'zero'"):
         select_strategy(ProcessInfo(CPU), name="zero")
 

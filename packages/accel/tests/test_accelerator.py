@@ -306,11 +306,14 @@ def test_familiar_module_paths() -> None:
 
 
 def test_unavailable_strategies_are_clear_errors(monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(NotImplementedError, match="FSDP and DeepSpeed"):
-        Accelerator(cpu=True, fsdp_plugin=object())
-    monkeypatch.setenv("ACCEL_LAUNCH_CONFIG", json.dumps({"distributed_type": "FSDP", "cpu": True}))
-    with pytest.raises(NotImplementedError, match="'fsdp' is not available"):
+    launched = {"distributed_type": "DEEPSPEED", "cpu": True}
+    monkeypatch.setenv("ACCEL_LAUNCH_CONFIG", json.dumps(launched))
+    with pytest.raises(NotImplementedError, match="'deepspeed' is not available"):
         Accelerator()
+    monkeypatch.delenv("ACCEL_LAUNCH_CONFIG")
+    AcceleratorState._reset_state()
+    with pytest.raises(NotImplementedError, match="'deepspeed' is not available"):
+        Accelerator(cpu=True, deepspeed_plugin=object())
 
 
 def test_launch_defaults_do_not_warn(
@@ -326,3 +329,94 @@ def test_launch_defaults_do_not_warn(
     acc = Accelerator(gradient_accumulation_steps=2, mixed_precision="bf16")
     assert acc.gradient_accumulation_steps == 2 and acc.mixed_precision == "bf16"
     assert not [w for w in recwarn if "accel launch" in str(w.message)]
+
+
+class _Blocks(nn.Module):
+    """Two repeated blocks in an nn.ModuleList, and a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = torch.tanh(block(x))
+        return self.head(x)
+
+
+def test_dynamo_backend_compiles_the_prepared_model() -> None:
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    acc = Accelerator(cpu=True, dynamo_backend="eager")
+    model = make_model()
+    keys = set(model.state_dict())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    compiled, opt = acc.prepare(model, opt)
+    assert isinstance(compiled, OptimizedModule) and compiled._orig_mod is model
+    batch = {"x": torch.randn(4, 4), "y": torch.randn(4, 1)}
+    acc.backward(loss_of(compiled, batch))
+    opt.step()
+    assert set(acc.get_state_dict(compiled)) == keys  # checkpoints keep the plain keys
+    assert acc.unwrap_model(compiled, keep_torch_compile=False) is model
+    plain = Accelerator(cpu=True, dynamo_backend="no").prepare(make_model())
+    assert not isinstance(plain, OptimizedModule)
+
+
+def test_regional_compilation_compiles_repeated_blocks_in_place() -> None:
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    plugin = accel.utils.TorchDynamoPlugin(backend="eager", use_regional_compilation=True)
+    acc = Accelerator(cpu=True, dynamo_plugin=plugin)
+    model = _Blocks()
+    out = acc.prepare(model)
+    assert out is model and not isinstance(out, OptimizedModule)
+    assert all(b._compiled_call_impl is not None for b in model.blocks)
+    assert model.head._compiled_call_impl is None
+    assert out(torch.randn(2, 4)).shape == (2, 1)
+
+
+def test_dynamo_settings_from_accel_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    section = {
+        "dynamo_backend": "AOT_EAGER",
+        "dynamo_mode": "default",
+        "dynamo_use_fullgraph": True,
+        "dynamo_use_dynamic": False,
+    }
+    monkeypatch.setenv("ACCEL_LAUNCH_CONFIG", json.dumps({"cpu": True, "dynamo_config": section}))
+    acc = Accelerator()
+    assert acc.dynamo_plugin == accel.TorchDynamoPlugin(
+        backend="aot_eager", mode="default", fullgraph=True, dynamic=False
+    )
+    assert isinstance(acc.prepare(make_model()), OptimizedModule)
+    with pytest.warns(UserWarning, match="dynamo_backend='no'.*'aot_eager'"):
+        assert Accelerator(dynamo_backend="no").dynamo_plugin.backend == "no"
+
+
+def test_dynamo_errors_name_the_fix() -> None:
+    with pytest.raises(ValueError, match="not a torch.compile backend.*inductor"):
+        Accelerator(cpu=True, dynamo_backend="nvprims_nvfuser")
+    with pytest.raises(ValueError, match="not both"):
+        Accelerator(cpu=True, dynamo_backend="eager", dynamo_plugin=accel.TorchDynamoPlugin())
+
+
+def test_fp8_settings_from_accel_launch_reach_the_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
+    import accel._accelerator as module
+
+    seen = {}
+
+    def fake_make_precision(mode, **kwargs):
+        seen.update(kwargs, mode=mode)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(module, "make_precision", fake_make_precision)
+    fp8 = {"backend": "te", "margin": 3, "fp8_format": "E4M3", "amax_history_length": 8}
+    launched = {"cpu": True, "mixed_precision": "fp8", "fp8_config": fp8}
+    monkeypatch.setenv("ACCEL_LAUNCH_CONFIG", json.dumps(launched))
+    with pytest.raises(RuntimeError, match="stop here"):
+        Accelerator()
+    kw = seen["fp8_kwargs"]
+    assert seen["mode"] == "fp8" and kw.fp8_backend == "te"
+    assert (kw.te.margin, kw.te.fp8_format, kw.te.amax_history_len) == (3, "E4M3", 8)

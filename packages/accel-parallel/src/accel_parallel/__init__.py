@@ -1,6 +1,7 @@
 """accel-parallel: training strategies that wrap a model and its optimizer.
 
-One small object per backend behind `Strategy`; `select_strategy` picks it once.
+One small object per backend behind `Strategy` (single device, DDP, FSDP2);
+`select_strategy` picks it once.
 """
 
 from accel_parallel._ddp import (
@@ -9,6 +10,8 @@ from accel_parallel._ddp import (
     DistributedDataParallelKwargs,
     register_comm_hook,
 )
+from accel_parallel._fsdp import FSDP2Strategy
+from accel_parallel._fsdp_plugin import FullyShardedDataParallelPlugin
 from accel_parallel._io import deferred_fsync, fsync_dir, fsync_file, save_object
 from accel_parallel._select import select_strategy
 from accel_parallel._single import SingleDeviceStrategy
@@ -20,6 +23,8 @@ __all__ = [
     "DDPCommunicationHookType",
     "DDPStrategy",
     "DistributedDataParallelKwargs",
+    "FSDP2Strategy",
+    "FullyShardedDataParallelPlugin",
     "ProcessInfo",
     "SingleDeviceStrategy",
     "Strategy",

@@ -47,6 +47,8 @@ class Strategy:
     owns_optimizer = False  # the engine builds or wraps the optimizer itself
     adapts_optimizer = False  # parameters change identity when wrapping (FSDP2)
     supports_no_sync = False
+    sharded = False  # parameters are sharded: fp16 needs a scaler that agrees across ranks
+    reshardable = False  # its checkpoints load on a different number of processes
 
     def __init__(self, info: ProcessInfo) -> None:
         self.info = info
@@ -59,7 +61,11 @@ class Strategy:
     def prepare(
         self, models: list[nn.Module], optimizers: list[torch.optim.Optimizer]
     ) -> tuple[list[nn.Module], list[torch.optim.Optimizer]]:
-        """Wrap the models and adapt the optimizers that were prepared in the same call."""
+        """Wrap the models and adapt the optimizers that were prepared in the same call.
+
+        The Accelerator calls this once per `prepare` call with every model and optimizer of
+        that call; a strategy may replace any of them (FSDP2 re-points an optimizer made
+        before sharding at the sharded parameters)."""
         return [self.wrap_model(m) for m in models], optimizers
 
     def move_model(self, model: nn.Module) -> nn.Module:
@@ -97,6 +103,15 @@ class Strategy:
         """Run the backward. `backward_fn` is the precision object's (it scales for fp16)."""
         backward_fn(loss, **kwargs)
 
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, precision: Any) -> bool:
+        """Step `optimizer` through the precision object (which unscales and skips the step on
+        an fp16 overflow); False when the step was skipped. Engines that own the step
+        override it."""
+        return precision.step(optimizer)
+
+    def zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool = True) -> None:
+        optimizer.zero_grad(set_to_none=set_to_none)
+
     def clip_grad_norm_(
         self, parameters: Iterable[nn.Parameter], max_norm: float, norm_type: float = 2.0
     ) -> torch.Tensor:
@@ -115,13 +130,31 @@ class Strategy:
     ) -> Any:
         return self.unwrap_model(model).load_state_dict(state_dict, strict=strict)
 
-    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    def optimizer_state_dict(
+        self, optimizer: torch.optim.Optimizer, model: nn.Module | None = None
+    ) -> dict[str, Any]:
+        """The optimizer's state; `model` is the one it trains (sharded strategies need it)."""
         return optimizer.state_dict()
 
     def load_optimizer_state_dict(
-        self, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]
+        self,
+        optimizer: torch.optim.Optimizer,
+        state_dict: dict[str, Any],
+        model: nn.Module | None = None,
     ) -> None:
         optimizer.load_state_dict(state_dict)
+
+    def gradients_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """This process's accumulated gradients (saved in the middle of an accumulation)."""
+        return {
+            n: p.grad.detach().cpu()
+            for n, p in self.unwrap_model(model).named_parameters()
+            if p.grad is not None
+        }
+
+    def load_gradients_state(self, model: nn.Module, grads: dict[str, torch.Tensor]) -> None:
+        for name, param in self.unwrap_model(model).named_parameters():
+            param.grad = grads[name].to(param.device) if name in grads else None
 
     def saves_on_every_process(self) -> bool:
         """True when each process must write its own shard of the model / optimizer state."""
@@ -159,20 +192,30 @@ class Strategy:
         self.load_model_state_dict(model, read_full(directory / name), strict=strict)
 
     def save_optimizer_files(
-        self, optimizer: torch.optim.Optimizer, directory: Path, name: str, *, writer: bool
+        self,
+        optimizer: torch.optim.Optimizer,
+        directory: Path,
+        name: str,
+        *,
+        writer: bool,
+        model: nn.Module | None = None,
     ) -> None:
-        state = self.optimizer_state_dict(optimizer)
+        state = self.optimizer_state_dict(optimizer, model)
         if writer:
             save_object(state, directory / f"{name}.bin")
 
     def load_optimizer_files(
-        self, optimizer: torch.optim.Optimizer, directory: Path, name: str
+        self,
+        optimizer: torch.optim.Optimizer,
+        directory: Path,
+        name: str,
+        model: nn.Module | None = None,
     ) -> None:
         path = directory / f"{name}.bin"
         if not path.exists():
             raise FileNotFoundError(f"the checkpoint in {directory} has no {path.name}")
         state = torch.load(path, map_location="cpu", weights_only=True)
-        self.load_optimizer_state_dict(optimizer, state)
+        self.load_optimizer_state_dict(optimizer, state, model)
 
 
 @contextlib.contextmanager

@@ -7,6 +7,7 @@ re-exported from the packages that own them.
 from accel._accelerator import Accelerator
 from accel._accelerator_state import AcceleratorState
 from accel._config import ProfileKwargs, ProjectConfiguration
+from accel._dynamo import TorchDynamoPlugin
 from accel._gradient_state import GradientAccumulationPlugin, GradientState
 from accel._launchers import debug_launcher, notebook_launcher
 from accel._memory import find_executable_batch_size, release_memory
@@ -22,7 +23,11 @@ from accel_bigmodel import (
     load_checkpoint_and_dispatch,
 )
 from accel_data import DataLoaderConfiguration, skip_first_batches
-from accel_parallel import DDPCommunicationHookType, DistributedDataParallelKwargs
+from accel_parallel import (
+    DDPCommunicationHookType,
+    DistributedDataParallelKwargs,
+    FullyShardedDataParallelPlugin,
+)
 from accel_precision import (
     AORecipeKwargs,
     AutocastKwargs,
@@ -51,6 +56,7 @@ __all__ = [
     "DistributedDataParallelKwargs",
     "DistributedType",
     "FP8RecipeKwargs",
+    "FullyShardedDataParallelPlugin",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "GradientState",
@@ -59,6 +65,7 @@ __all__ = [
     "ProfileKwargs",
     "ProjectConfiguration",
     "TERecipeKwargs",
+    "TorchDynamoPlugin",
     "cpu_offload",
     "cpu_offload_with_hook",
     "debug_launcher",

@@ -23,12 +23,13 @@ import accel_state
 from accel._accelerator_state import AcceleratorState
 from accel._checkpointing import CheckpointingMixin
 from accel._config import ProfileKwargs, ProjectConfiguration, sort_kwargs_handlers
+from accel._dynamo import TorchDynamoPlugin, compile_model, resolve_dynamo_plugin
 from accel._gradient_state import GradientAccumulationPlugin, GradientState
 from accel._tracking_mixin import TrackingMixin
 from accel._wrappers import AcceleratedOptimizer, AcceleratedScheduler
 from accel_data import DataLoaderConfiguration, prepare_data_loader, skip_first_batches
 from accel_parallel import ProcessInfo, no_sync_all, select_strategy
-from accel_precision import make_precision
+from accel_precision import FP8RecipeKwargs, make_precision
 from accel_state import PartialState, ProcessControl, resolved_launch_config
 
 _NULL_CONTEXT = contextlib.nullcontext()
@@ -72,12 +73,9 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin):
         use_seedable_sampler: bool | None = None,
         deepspeed_plugin: Any = None,
         fsdp_plugin: Any = None,
+        dynamo_backend: Any = None,
+        dynamo_plugin: TorchDynamoPlugin | None = None,
     ) -> None:
-        if deepspeed_plugin is not None or fsdp_plugin is not None:
-            raise NotImplementedError(
-                "FSDP and DeepSpeed strategies are not available in this version of accel; "
-                "single device and DDP are. Remove deepspeed_plugin / fsdp_plugin."
-            )
         handlers = sort_kwargs_handlers(kwargs_handlers)
         self.state = PartialState(
             cpu=cpu, init_process_group_kwargs=handlers.get("init_process_group")
@@ -93,24 +91,36 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin):
             self.project_configuration.set_directories(project_dir)
 
         mode = str(_from_launch("mixed_precision", mixed_precision, "no"))
-        self.precision = make_precision(
-            mode,
-            device_type=self.device.type,
-            autocast_kwargs=handlers.get("autocast"),
-            scaler_kwargs=handlers.get("scaler"),
-            fp8_kwargs=handlers.get("fp8"),
-        )
+        launched = resolved_launch_config()
+        fp8_kwargs = handlers.get("fp8")
+        if fp8_kwargs is None and mode == "fp8" and launched.get("fp8_config"):
+            fp8_kwargs = FP8RecipeKwargs.from_config(launched["fp8_config"])  # accel launch --fp8_*
         info = ProcessInfo(
             device=self.device,
             num_processes=self.num_processes,
             process_index=self.process_index,
             local_process_index=self.local_process_index,
         )
-        launched_type = str(resolved_launch_config().get("distributed_type", "")).upper()
+        # One place decides the engine (plugins, then the launch configuration); the
+        # precision object is then made for it (a sharded engine needs a sharded scaler).
         self.strategy = select_strategy(
             info,
-            name={"FSDP": "fsdp", "DEEPSPEED": "deepspeed"}.get(launched_type),
             ddp_kwargs=handlers.get("ddp"),
+            fsdp_plugin=fsdp_plugin,
+            deepspeed_plugin=deepspeed_plugin,
+            launch_config=launched,
+            mixed_precision=mode,
+        )
+        self.precision = make_precision(
+            mode,
+            device_type=self.device.type,
+            autocast_kwargs=handlers.get("autocast"),
+            scaler_kwargs=handlers.get("scaler"),
+            fp8_kwargs=fp8_kwargs,
+            sharded=self.strategy.sharded,
+        )
+        self.dynamo_plugin = resolve_dynamo_plugin(
+            dynamo_backend, dynamo_plugin, launched.get("dynamo_config") or {}
         )
         self.gradient_state = GradientState(
             _accumulation_plugin(gradient_accumulation_plugin, gradient_accumulation_steps)
@@ -136,6 +146,7 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin):
     is_last_process = property(lambda self: self.state.is_last_process)
     use_distributed = property(lambda self: self.state.use_distributed)
     mixed_precision = property(lambda self: self.precision.name)
+    is_fsdp2 = property(lambda self: self.strategy.name == "fsdp")
     sync_gradients = property(lambda self: self.gradient_state.sync_gradients)
     split_batches = property(lambda self: self.dataloader_config.split_batches)
     even_batches = property(lambda self: self.dataloader_config.even_batches)
@@ -174,9 +185,12 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin):
         result = list(args)
         models = [i for i, a in enumerate(args) if isinstance(a, nn.Module)]
         optims = [i for i, a in enumerate(args) if isinstance(a, torch.optim.Optimizer)]
-        raw_optims = [args[i] for i in optims]
-        for i in models:
-            result[i] = self._prepare_model(args[i], raw_optims, placement[i])
+        raw_optims = [getattr(args[i], "optimizer", args[i]) for i in optims]
+        prepared = self._prepare_models(
+            [args[i] for i in models], raw_optims, [placement[i] for i in models]
+        )
+        for i, model in zip(models, prepared):
+            result[i] = model
         for i in optims:
             result[i] = self._prepare_optimizer(args[i])
         for i, obj in enumerate(args):
@@ -192,23 +206,43 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin):
         placement = self.device_placement if device_placement is None else device_placement
         if evaluation_mode:
             model = self.precision.wrap_forward(self.precision.convert_module(model))
-            return model.to(self.device) if placement else model
-        return self._prepare_model(model, [], placement)
+            model = model.to(self.device) if placement else model
+            return compile_model(model, self.dynamo_plugin, model)
+        return self._prepare_models([model], [], [placement])[0]
 
-    def _prepare_model(self, model: nn.Module, optimizers: list[Any], placement: bool) -> nn.Module:
-        if any(model is m or self.unwrap_model(m) is model for m in self._models):
-            return model
-        model = self.precision.convert_module(model, *optimizers)
-        model = self.precision.wrap_forward(model)
-        if placement or self.num_processes > 1:
-            model = self.strategy.wrap_model(model)
-        self._models.append(model)
-        return model
+    def _prepare_models(
+        self, models: list[nn.Module], optimizers: list[Any], placements: list[bool]
+    ) -> list[nn.Module]:
+        """Convert each new model for the precision, then hand the models of this call with
+        their optimizers to the strategy, which wraps or shards them (and may re-point the
+        optimizers at new parameters); compile last when asked."""
+        out = list(models)
+        todo, known = [], set()
+        for i, model in enumerate(models):
+            if any(model is m or self.unwrap_model(m) is model for m in self._models):
+                known.add(i)  # prepared before: returned as it is
+                continue
+            model = self.precision.convert_module(model, *optimizers)
+            out[i] = self.precision.wrap_forward(model)
+            if placements[i] or self.num_processes > 1 or self.strategy.sharded:
+                todo.append(i)
+        if todo:
+            wrapped, _ = self.strategy.prepare([out[i] for i in todo], optimizers)
+            for i, model in zip(todo, wrapped):
+                out[i] = model
+        for i, model in enumerate(out):
+            if i in known:
+                continue
+            out[i] = compile_model(model, self.dynamo_plugin, self.strategy.unwrap_model(model))
+            self._models.append(out[i])
+        return out
 
     def _prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
         if isinstance(optimizer, AcceleratedOptimizer):
             return optimizer
-        wrapped = AcceleratedOptimizer(optimizer, self.precision, self.gradient_state)
+        wrapped = AcceleratedOptimizer(
+            optimizer, self.precision, self.gradient_state, self.strategy
+        )
         self._optimizers.append(wrapped)
         return wrapped
 

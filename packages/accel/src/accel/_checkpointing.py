@@ -183,8 +183,9 @@ class CheckpointingMixin:
         # The optimizers first: usually the largest files, their flush overlaps the rest.
         for i, opt in enumerate(self._optimizers):
             self.strategy.save_optimizer_files(
-                opt.optimizer, tmp, _name("optimizer", i), writer=writer
-            )
+                opt.optimizer, tmp, _name("optimizer", i), writer=writer,
+                model=self._model_of(opt.optimizer),
+            )  # fmt: skip
         if self._save_hooks:
             # The familiar hook protocol: hooks see the full state dicts and may remove
             # entries (they then save those models their own way); the rest are written.
@@ -215,15 +216,16 @@ class CheckpointingMixin:
             "gradient_state": self.gradient_state.state_dict(),
         }
         if self.gradient_state.step > 0:  # mid-accumulation: keep what was accumulated so far
-            state["gradients"] = [
-                {
-                    n: p.grad.detach().cpu()
-                    for n, p in self.unwrap_model(m).named_parameters()
-                    if p.grad is not None
-                }
-                for m in self._models
-            ]
+            state["gradients"] = [self.strategy.gradients_state(m) for m in self._models]
         return state
+
+    def _model_of(self, optimizer: torch.optim.Optimizer) -> torch.nn.Module | None:
+        """The prepared model whose parameters `optimizer` trains (None if there is none)."""
+        ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        for model in self._models:
+            if any(id(p) in ids for p in model.parameters()):
+                return model
+        return None
 
     def _write_marker(self, tmp: Path) -> None:
         meta = {
@@ -281,13 +283,15 @@ class CheckpointingMixin:
                     model, source, _name("model", i), read_full=read_weights, strict=strict
                 )
         for i, opt in enumerate(self._optimizers):
-            self.strategy.load_optimizer_files(opt.optimizer, source, _name("optimizer", i))
+            self.strategy.load_optimizer_files(
+                opt.optimizer, source, _name("optimizer", i), model=self._model_of(opt.optimizer)
+            )
         for i, sched in enumerate(self._schedulers):
             sched.load_state_dict(_load(source / f"{_name('scheduler', i)}.bin"))
         self.precision.load_state_dict(_load(source / "scaler.pt"))
         for i, obj in enumerate(self._custom_objects):
             obj.load_state_dict(_load(source / f"custom_checkpoint_{i}.pkl", trusted=True))
-        self._load_process_state(source)
+        self._load_process_state(source, json.loads((source / MARKER).read_text()))
         match = _CHECKPOINT_RE.match(source.name)
         if self.project_configuration.automatic_checkpoint_naming and match:
             self.project_configuration.iteration = int(match.group(1)) + 1
@@ -302,7 +306,10 @@ class CheckpointingMixin:
             )
         meta = json.loads(marker.read_text())
         expected = {
-            "num_processes": self.num_processes,
+            # a sharded checkpoint (DCP) loads on another number of processes
+            "num_processes": meta.get("num_processes")
+            if self.strategy.reshardable
+            else self.num_processes,
             "models": len(self._models),
             "optimizers": len(self._optimizers),
             "schedulers": len(self._schedulers),
@@ -318,14 +325,33 @@ class CheckpointingMixin:
                 f"processes."
             )
 
-    def _load_process_state(self, source: Path) -> None:
-        state = _load(source / f"process_{self.process_index}.pt")
+    def _load_process_state(self, source: Path, meta: dict[str, Any]) -> None:
+        saved_world = int(meta.get("num_processes", self.num_processes))
+        same_world = saved_world == self.num_processes
+        # On another number of processes (a resharded resume), each process takes the state
+        # of the saved process with its index, or the last one.
+        state = _load(source / f"process_{min(self.process_index, saved_world - 1)}.pt")
         for dl, dl_state in zip(self._dataloaders, state["dataloaders"]):
+            if not same_world:
+                if dl_state.get("batches_yielded"):
+                    raise ValueError(
+                        f"{source} was saved by {saved_world} processes in the middle of an "
+                        f"epoch ({dl_state['batches_yielded']} batches into it); this run has "
+                        f"{self.num_processes}, whose batches are different slices of the data, so "
+                        f"the sample stream cannot continue exactly. Resume on {saved_world} "
+                        f"processes, or save at the end of an epoch to change their number."
+                    )
+                dl_state = {**dl_state, "num_processes": self.num_processes}
             dl.load_state_dict(dl_state)
         self.gradient_state.load_state_dict(state["gradient_state"])
         for model, grads in zip(self._models, state.get("gradients", [])):
-            for name, param in self.unwrap_model(model).named_parameters():
-                param.grad = grads[name].to(param.device) if name in grads else None
+            if not same_world:
+                raise ValueError(
+                    f"{source} was saved in the middle of gradient accumulation by {saved_world} "
+                    f"processes; accumulated gradients resume only on as many processes "
+                    f"(this run has {self.num_processes}). Save at an accumulation boundary."
+                )
+            self.strategy.load_gradients_state(model, grads)
         _set_rng_state(state["rng"])
 
     # -- model export ------------------------------------------------------------------------

@@ -14,12 +14,17 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     object (which unscales and skips the step on an fp16 overflow); `zero_grad` likewise."""
 
     def __init__(
-        self, optimizer: torch.optim.Optimizer, precision: Any, gradient_state: GradientState
+        self,
+        optimizer: torch.optim.Optimizer,
+        precision: Any,
+        gradient_state: GradientState,
+        strategy: Any = None,
     ) -> None:
         # Deliberately not calling Optimizer.__init__: this object forwards to `optimizer`.
         self.optimizer = optimizer
         self.precision = precision
         self.gradient_state = gradient_state
+        self.strategy = strategy  # owns step and zero_grad where an engine needs to
         self.step_was_skipped = False
         self.unscaled = False
 
@@ -59,7 +64,10 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self.gradient_state.sync_gradients:
-            self.optimizer.zero_grad(set_to_none=set_to_none)
+            if self.strategy is None:
+                self.optimizer.zero_grad(set_to_none=set_to_none)
+            else:
+                self.strategy.zero_grad(self.optimizer, set_to_none)
 
     def unscale_gradients(self) -> None:
         """Unscale the fp16 gradients once per step (before clipping)."""
@@ -75,7 +83,10 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
                 "optimizer.step(closure) is not supported through prepare(); call the closure "
                 "yourself (loss = closure()) before optimizer.step()."
             )
-        stepped = self.precision.step(self.optimizer)
+        if self.strategy is None:
+            stepped = self.precision.step(self.optimizer)
+        else:
+            stepped = self.strategy.optimizer_step(self.optimizer, self.precision)
         self.precision.update()
         self.step_was_skipped = not stepped
         self.unscaled = False

@@ -1,6 +1,7 @@
 """Familiar path `accelerate.utils`: the utilities users import, from the packages that own them."""
 
 from accel._config import ProfileKwargs, ProjectConfiguration
+from accel._dynamo import TorchDynamoPlugin
 from accel._gradient_state import GradientAccumulationPlugin
 from accel._memory import (
     clear_device_cache,
@@ -21,7 +22,11 @@ from accel_bigmodel import (
     set_module_tensor_to_device,
 )
 from accel_data import DataLoaderConfiguration
-from accel_parallel import DDPCommunicationHookType, DistributedDataParallelKwargs
+from accel_parallel import (
+    DDPCommunicationHookType,
+    DistributedDataParallelKwargs,
+    FullyShardedDataParallelPlugin,
+)
 from accel_precision import (
     AORecipeKwargs,
     AutocastKwargs,
@@ -62,6 +67,7 @@ __all__ = [
     "DistributedDataParallelKwargs",
     "DistributedType",
     "FP8RecipeKwargs",
+    "FullyShardedDataParallelPlugin",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "InitProcessGroupKwargs",
@@ -71,6 +77,7 @@ __all__ = [
     "ProjectConfiguration",
     "RNGType",
     "TERecipeKwargs",
+    "TorchDynamoPlugin",
     "broadcast",
     "broadcast_object_list",
     "clear_device_cache",

@@ -1,0 +1,503 @@
+"""FSDP2: parameters sharded over the processes with `torch.distributed.fsdp.fully_shard`.
+
+Each wrapped block (chosen by the plugin's auto-wrap policy) and the root become FSDP modules
+whose parameters are DTensors sharded on dim 0. Sharding replaces the parameters, so the
+optimizers of the same `prepare` call are re-pointed at the new ones. Checkpoints go through
+`torch.distributed.checkpoint`: sharded (each process writes its shard; loads on any number
+of processes) or full (gathered, written once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import itertools
+import re
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from accel_parallel._fsdp_plugin import FullyShardedDataParallelPlugin
+from accel_parallel._strategy import ProcessInfo, Strategy
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _dtype(value: Any) -> torch.dtype | None:
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    name = str(value).replace("torch.", "")
+    dtype = getattr(torch, name, None) or _DTYPES.get(name)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"mixed_precision_policy dtype {value!r} is not a torch dtype name.")
+    return dtype
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+class FSDP2Strategy(Strategy):
+    """`fully_shard` over all processes (a 1-D mesh); see the module docstring."""
+
+    name = "fsdp"
+    adapts_optimizer = True
+    supports_no_sync = True
+    sharded = True  # fp16 needs a ShardedGradScaler
+    reshardable = True  # sharded checkpoints load on another number of processes
+
+    def __init__(
+        self,
+        info: ProcessInfo,
+        plugin: FullyShardedDataParallelPlugin | None = None,
+        mixed_precision: str = "no",
+    ) -> None:
+        super().__init__(info)
+        self.plugin = plugin or FullyShardedDataParallelPlugin()
+        self.mixed_precision = mixed_precision
+        self._mesh: Any = None
+        self._optimizer_models: dict[int, nn.Module] = {}
+
+    # -- preparing -----------------------------------------------------------------------
+    def _device_mesh(self) -> Any:
+        if self._mesh is None:
+            import torch.distributed as dist
+            from torch.distributed.device_mesh import init_device_mesh
+
+            if not dist.is_initialized():  # one process: a group of one, so DCP and FSDP work
+                backend = "nccl" if self.device.type == "cuda" else "gloo"
+                dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+            self._mesh = init_device_mesh(self.device.type, (dist.get_world_size(),))
+        return self._mesh
+
+    def _mp_policy(self) -> Any:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        policy = self.plugin.mixed_precision_policy
+        if isinstance(policy, MixedPrecisionPolicy):
+            return policy
+        if isinstance(policy, dict):
+            fields = {k: _dtype(v) if k.endswith("dtype") else v for k, v in policy.items()}
+            return MixedPrecisionPolicy(**fields)
+        if policy is not None:
+            raise TypeError(
+                f"mixed_precision_policy must be a MixedPrecisionPolicy, a dict or None, not "
+                f"{type(policy).__name__}."
+            )
+        dtype = _DTYPES.get(self.mixed_precision)
+        if dtype is None:
+            return MixedPrecisionPolicy()
+        # Parameters gathered in the low precision; gradients reduced in float32.
+        return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+
+    def _offload_policy(self) -> Any:
+        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+
+        if not self.plugin.cpu_offload:
+            return OffloadPolicy()
+        return CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+
+    def _blocks(self, model: nn.Module) -> list[nn.Module]:
+        """The submodules that get their own shard group, in post-order (children first)."""
+        policy = self.plugin.auto_wrap_policy
+        if policy == "no_wrap":
+            return []
+        if policy == "transformer_based_wrap":
+            names = self.plugin.transformer_cls_names_to_wrap or list(
+                getattr(model, "_no_split_modules", None) or []
+            )
+            if not names:
+                return []
+            found = {type(m).__name__ for m in model.modules()}
+            missing = [n for n in names if n not in found]
+            if missing and self.plugin.transformer_cls_names_to_wrap:
+                raise ValueError(
+                    f"transformer_cls_names_to_wrap names {missing}, which the model does not "
+                    f"contain; its module classes are {sorted(found)}."
+                )
+            return [m for m in model.modules() if m is not model and type(m).__name__ in names]
+        if policy == "size_based_wrap":
+            return self._size_blocks(model, int(self.plugin.min_num_params or 0))
+        return [m for m in model.modules() if m is not model and _call_policy(policy, m)]
+
+    @staticmethod
+    def _size_blocks(model: nn.Module, minimum: int) -> list[nn.Module]:
+        chosen: list[nn.Module] = []
+
+        def visit(module: nn.Module) -> int:
+            """Parameters of `module` not yet in a chosen block."""
+            left = sum(p.numel() for p in module.parameters(recurse=False))
+            for child in module.children():
+                left += visit(child)
+            if module is not model and left >= minimum:
+                chosen.append(module)
+                return 0
+            return left
+
+        visit(model)
+        return chosen
+
+    def _ignored(self, model: nn.Module) -> set[nn.Parameter]:
+        spec = self.plugin.ignored_modules
+        if spec is None:
+            return set()
+        if isinstance(spec, str):
+            pattern = re.compile(spec)
+            mods = [m for n, m in model.named_modules() if n and pattern.search(n)]
+        elif callable(spec):
+            mods = [m for m in model.modules() if spec(m)]
+        else:
+            mods = list(spec)
+        return {p for m in mods for p in m.parameters()}
+
+    def prepare(
+        self, models: list[nn.Module], optimizers: list[torch.optim.Optimizer]
+    ) -> tuple[list[nn.Module], list[torch.optim.Optimizer]]:
+        self.plugin.warn_notices() if self.info.process_index == 0 else None
+        for opt in optimizers:
+            if opt.state:
+                raise ValueError(
+                    "FSDP2 shards the parameters, and this optimizer already holds state for the "
+                    "unsharded ones (it stepped before prepare). Create the optimizer fresh, or "
+                    "load its state after prepare."
+                )
+        # Where each parameter lives (module, attribute), so optimizers can be re-pointed at
+        # the sharded parameters that replace them.
+        owners: dict[int, tuple[nn.Module, str]] = {}
+        for model in models:
+            for module in model.modules():
+                for attr, p in module._parameters.items():
+                    if p is not None:
+                        owners.setdefault(id(p), (module, attr))
+        sharded = [self.wrap_model(m) for m in models]
+        for opt in optimizers:
+            for group in opt.param_groups:
+                new = []
+                for p in group["params"]:
+                    owner = owners.get(id(p))
+                    new.append(owner[0]._parameters[owner[1]] if owner else p)
+                group["params"] = new
+            ids = {id(p) for g in opt.param_groups for p in g["params"]}
+            for model in sharded:
+                if any(id(p) in ids for p in model.parameters()):
+                    self._optimizer_models[id(opt)] = model
+        return sharded, optimizers
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+
+        if isinstance(model, FSDPModule):
+            return model
+        mesh = self._device_mesh()
+        efficient = self.plugin.cpu_ram_efficient_loading
+        full_state = None
+        if efficient:
+            full_state = model.state_dict() if self.info.process_index == 0 else None
+        elif any(p.device.type == "meta" for p in model.parameters()):
+            raise ValueError(
+                "The model has parameters on the meta device; load its weights before prepare(), "
+                "or use FullyShardedDataParallelPlugin(cpu_ram_efficient_loading=True) with "
+                "the weights on rank 0."
+            )
+        if not efficient:
+            model = model.to(self.device)
+        blocks = self._blocks(model)
+        if self.plugin.activation_checkpointing:
+            _checkpoint_blocks(model, blocks)
+        kwargs = {
+            "mesh": mesh,
+            "reshard_after_forward": self.plugin.reshard_after_forward,
+            "mp_policy": self._mp_policy(),
+            "offload_policy": self._offload_policy(),
+        }
+        ignored = self._ignored(model)
+        if ignored:
+            kwargs["ignored_params"] = ignored
+        for block in blocks:
+            fully_shard(block, **kwargs)
+        fully_shard(model, **kwargs)
+        if self.plugin.forward_prefetch:
+            for block, following in itertools.pairwise(blocks):
+                block.set_modules_to_forward_prefetch([following])
+        if efficient:
+            self._broadcast_from_rank0(model, full_state)
+        return model
+
+    def _broadcast_from_rank0(self, model: nn.Module, full_state: dict | None) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        if any(t.device.type == "meta" for t in model.state_dict().values()):
+            device = "cpu" if self.plugin.cpu_offload else self.device
+            model.to_empty(device=device)
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(model, full_state or {}, options=options)
+
+    # -- the step --------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def no_sync(self, model: nn.Module) -> Iterator[None]:
+        """Accumulate unsharded gradients locally: no reduce-scatter until the block ends."""
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+
+    @contextlib.contextmanager
+    def sync_in_backward(self, model: nn.Module) -> Iterator[None]:
+        model.set_requires_gradient_sync(True)
+        yield
+
+    def clip_grad_norm_(
+        self, parameters: Iterable[nn.Parameter], max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
+        """Clip by the global norm over every shard; returns that norm (a plain tensor)."""
+        grads = [p.grad for p in parameters if p.grad is not None]
+        if not grads:
+            return torch.tensor(0.0)
+        norms = []
+        # Sharded gradients (DTensors) and those of ignored, replicated modules.
+        for group in (
+            [g for g in grads if hasattr(g, "full_tensor")],
+            [g for g in grads if not hasattr(g, "full_tensor")],
+        ):
+            if group:
+                norm = nn.utils.get_total_norm(group, norm_type)
+                norms.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        device = norms[0].device
+        total = torch.linalg.vector_norm(
+            torch.stack([n.to(device, torch.float32) for n in norms]), norm_type
+        )
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for g in grads:
+            local = _local(g)
+            local.mul_(coef.to(local.device, local.dtype))
+        return total
+
+    def clip_grad_value_(self, parameters: Iterable[nn.Parameter], clip_value: float) -> None:
+        for p in parameters:
+            if p.grad is not None:
+                _local(p.grad).clamp_(-clip_value, clip_value)
+
+    # -- state -------------------------------------------------------------------------------
+    def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The full state dict on the main process (CPU tensors); other processes get {}."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(model, options=options)
+
+    def load_model_state_dict(
+        self, model: nn.Module, state_dict: dict[str, torch.Tensor], strict: bool = True
+    ) -> Any:
+        """Load a full state dict (given on every process, or on rank 0 only: then broadcast)."""
+        import torch.distributed as dist
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        everywhere = torch.tensor([1 if state_dict else 0])
+        dist.all_reduce(everywhere, op=dist.ReduceOp.MIN)
+        options = StateDictOptions(
+            full_state_dict=True, strict=strict, broadcast_from_rank0=not bool(everywhere.item())
+        )
+        return set_model_state_dict(model, state_dict, options=options)
+
+    def _model_for(self, optimizer: torch.optim.Optimizer, model: nn.Module | None) -> nn.Module:
+        model = model or self._optimizer_models.get(id(optimizer))
+        if model is None:
+            raise ValueError(
+                "This optimizer was not prepared together with an FSDP2 model: pass the model "
+                "and its optimizer to the same prepare() call."
+            )
+        return model
+
+    def optimizer_state_dict(
+        self, optimizer: torch.optim.Optimizer, model: nn.Module | None = None
+    ) -> dict[str, Any]:
+        """The full optimizer state keyed by parameter names, on the main process."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_optimizer_state_dict(
+            self._model_for(optimizer, model), optimizer, options=options
+        )
+
+    def load_optimizer_state_dict(
+        self,
+        optimizer: torch.optim.Optimizer,
+        state_dict: dict[str, Any],
+        model: nn.Module | None = None,
+    ) -> None:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_optimizer_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True)
+        set_optimizer_state_dict(
+            self._model_for(optimizer, model), optimizer, state_dict, options=options
+        )
+
+    def saves_on_every_process(self) -> bool:
+        return True
+
+    def gradients_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """This process's shard of the accumulated gradients (restored on the same layout)."""
+        return {
+            n: _local(p.grad).detach().cpu()
+            for n, p in model.named_parameters()
+            if p.grad is not None
+        }
+
+    def load_gradients_state(self, model: nn.Module, grads: dict[str, torch.Tensor]) -> None:
+        from torch.distributed.tensor import DTensor
+
+        for name, param in model.named_parameters():
+            if name not in grads:
+                param.grad = None
+                continue
+            local = grads[name].to(_local(param).device)
+            if local.shape != _local(param).shape:
+                raise ValueError(
+                    f"the checkpoint's accumulated gradient of {name} has the shard shape "
+                    f"{tuple(local.shape)}, this process holds {tuple(_local(param).shape)}: a "
+                    f"checkpoint saved in the middle of gradient accumulation resumes only on "
+                    f"the same number of processes. Save at an accumulation boundary to reshard."
+                )
+            if isinstance(param, DTensor):
+                local = DTensor.from_local(local, param.device_mesh, param.placements,
+                                           shape=param.shape, stride=param.stride())  # fmt: skip
+            param.grad = local
+
+    # -- files ---------------------------------------------------------------------------------
+    def _sharded(self) -> bool:
+        return self.plugin.state_dict_type == "SHARDED_STATE_DICT"
+
+    def save_model_files(
+        self,
+        model: nn.Module,
+        directory: Path,
+        name: str,
+        *,
+        writer: bool,
+        write_full: Callable[[dict[str, torch.Tensor], Path], None],
+    ) -> None:
+        if not self._sharded():
+            return super().save_model_files(
+                model, directory, name, writer=writer, write_full=write_full
+            )
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=directory / f"{name}_fsdp")
+        return None
+
+    def load_model_files(
+        self,
+        model: nn.Module,
+        directory: Path,
+        name: str,
+        *,
+        read_full: Callable[[Path], dict[str, torch.Tensor]],
+        strict: bool = True,
+    ) -> None:
+        folder = directory / f"{name}_fsdp"
+        if not folder.is_dir():
+            return super().load_model_files(
+                model, directory, name, read_full=_rank0_reader(read_full), strict=strict
+            )
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            set_model_state_dict,
+        )
+
+        state = {"model": get_model_state_dict(model)}
+        dcp.load(state, checkpoint_id=folder)
+        set_model_state_dict(model, state["model"], options=StateDictOptions(strict=strict))
+        return None
+
+    def save_optimizer_files(
+        self,
+        optimizer: torch.optim.Optimizer,
+        directory: Path,
+        name: str,
+        *,
+        writer: bool,
+        model: nn.Module | None = None,
+    ) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        model = self._model_for(optimizer, model)
+        if not self._sharded():
+            return super().save_optimizer_files(
+                optimizer, directory, name, writer=writer, model=model
+            )
+        state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
+        dcp.save(state, checkpoint_id=directory / f"{name}_fsdp")
+        return None
+
+    def load_optimizer_files(
+        self,
+        optimizer: torch.optim.Optimizer,
+        directory: Path,
+        name: str,
+        model: nn.Module | None = None,
+    ) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import (
+            get_optimizer_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        model = self._model_for(optimizer, model)
+        folder = directory / f"{name}_fsdp"
+        if not folder.is_dir():
+            return super().load_optimizer_files(optimizer, directory, name, model=model)
+        state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
+        dcp.load(state, checkpoint_id=folder)
+        set_optimizer_state_dict(model, optimizer, state["optimizer"])
+        return None
+
+
+def _rank0_reader(read_full: Callable[[Path], dict]) -> Callable[[Path], dict]:
+    """A full checkpoint is read on rank 0 only; the other ranks receive it by broadcast."""
+
+    def read(path: Path) -> dict:
+        import torch.distributed as dist
+
+        return read_full(path) if dist.get_rank() == 0 else {}
+
+    return read
+
+
+def _call_policy(policy: Callable[..., bool], module: nn.Module) -> bool:
+    """A callable policy: `fn(module)`, or FSDP1's `fn(module, recurse, nonwrapped_numel)`."""
+    params = inspect.signature(policy).parameters
+    if len(params) >= 3:
+        numel = sum(p.numel() for p in module.parameters())
+        return bool(policy(module=module, recurse=False, nonwrapped_numel=numel))
+    return bool(policy(module))
+
+
+def _checkpoint_blocks(model: nn.Module, blocks: list[nn.Module]) -> None:
+    """Recompute the activations of each block in backward (torch's checkpoint, non-reentrant).
+
+    The blocks keep their identity and parameter names: their forward runs under checkpoint.
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    targets = blocks or [model]
+    for block in targets:
+        forward = block.forward
+
+        def run(*args: Any, _forward: Callable[..., Any] = forward, **kwargs: Any) -> Any:
+            return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
+
+        block.forward = run

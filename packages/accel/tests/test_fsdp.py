@@ -1,0 +1,244 @@
+"""FSDP2 through the Accelerator, for real: gloo workers on CPU, compared with one process.
+
+Few launches (each costs seconds): one 2-process launch trains every variant in turn and
+saves a checkpoint; one 2-process launch resumes it; one 1-process launch resumes the
+2-process checkpoint on a different number of processes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from accel_state.testing import run_distributed
+
+GLOBAL_BATCH, STEPS = 16, 4
+
+
+class Block(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.fc(x))
+
+
+class Net(nn.Module):
+    _no_split_modules = ["Block"]  # what transformers models declare; the default wrap policy
+
+    def __init__(self, width: int = 32) -> None:
+        super().__init__()
+        self.inp = nn.Linear(8, width)
+        self.blocks = nn.ModuleList(Block(width) for _ in range(3))
+        self.out = nn.Linear(width, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.out(h)
+
+
+def make_net() -> Net:
+    torch.manual_seed(0)
+    return Net()
+
+
+def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 + step)
+    x = torch.randn(GLOBAL_BATCH, 8, generator=g)
+    return x, x.sum(dim=1, keepdim=True).sin()
+
+
+def reference(steps: int = STEPS) -> tuple[dict[str, torch.Tensor], float]:
+    """One process, plain PyTorch, the whole global batch each step."""
+    model = make_net()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    norm = 0.0
+    for step in range(steps):
+        x, y = batch(step)
+        nn.functional.mse_loss(model(x), y).backward()
+        norm = nn.utils.clip_grad_norm_(model.parameters(), 1e9).item()
+        opt.step()
+        opt.zero_grad()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, norm
+
+
+def _local_numel(t: torch.Tensor) -> int:
+    return (t.to_local() if hasattr(t, "to_local") else t).numel()
+
+
+def _train(acc: Any, model: Any, opt: Any, steps: range, accum: int = 1) -> float:
+    rank, world = acc.process_index, acc.num_processes
+    per = GLOBAL_BATCH // world
+    norm = torch.tensor(0.0)
+    for step in steps:
+        x, y = batch(step)
+        x, y = x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per]
+        for part in range(accum):
+            size = per // accum
+            xs, ys = x[part * size : (part + 1) * size], y[part * size : (part + 1) * size]
+            with acc.accumulate(model):
+                acc.backward(nn.functional.mse_loss(model(xs), ys))
+                clipped = acc.clip_grad_norm_(model.parameters(), 1e9)
+                norm = clipped if clipped is not None else norm
+                opt.step()
+                opt.zero_grad()
+    return float(norm)
+
+
+def _variant(plugin_kwargs: dict, mixed: str = "no", accum: int = 1) -> dict:
+    from accel import Accelerator, AcceleratorState, FullyShardedDataParallelPlugin
+
+    AcceleratorState._reset_state()  # the process group stays; the next Accelerator adopts it
+    acc = Accelerator(
+        cpu=True,
+        mixed_precision=mixed,
+        gradient_accumulation_steps=accum,
+        fsdp_plugin=FullyShardedDataParallelPlugin(**plugin_kwargs),
+    )
+    model = make_net()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)  # made before prepare, on the full model
+    model, opt = acc.prepare(model, opt)
+    norm = _train(acc, model, opt, range(STEPS), accum)
+    opt_local = sum(_local_numel(v) for s in opt.state.values() for v in s.values() if v.ndim > 0)
+    return {
+        "state": acc.get_state_dict(model),
+        "norm": norm,
+        "param_local": sum(_local_numel(p) for p in model.parameters()),
+        "param_total": sum(p.numel() for p in model.parameters()),
+        "opt_local": opt_local,
+        "is_fsdp2": acc.is_fsdp2,
+        "wrapped": sorted(type(m).__name__ for m in model.modules() if hasattr(m, "reshard")),
+    }
+
+
+def _variants_and_save(folder: str) -> dict:
+    out = {
+        "fp32": _variant({}),
+        "accumulate": _variant({}, accum=2),
+        "checkpointing": _variant({"activation_checkpointing": True}),
+        "offload": _variant({"cpu_offload": True}),
+        "bf16": _variant({}, mixed="bf16"),
+        "no_reshard": _variant({"reshard_after_forward": False, "auto_wrap_policy": "no_wrap"}),
+    }
+    out["resume"] = _resume(folder, "first")
+    return out
+
+
+def _resume(folder: str, phase: str) -> dict:
+    """first: train 2 steps, save (sharded), train 2 more. again: load, train the last 2."""
+    from accel import Accelerator, AcceleratorState, FullyShardedDataParallelPlugin
+
+    AcceleratorState._reset_state()
+    # The scheduler steps once per call (by default it steps once per process and optimizer
+    # step, which differs between 2 processes and 1).
+    acc = Accelerator(
+        cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(), step_scheduler_with_optimizer=False
+    )
+    model = make_net()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
+    model, opt, sched = acc.prepare(model, opt, sched)
+    result: dict = {}
+    if phase == "first":
+        for step in range(STEPS // 2):
+            _train(acc, model, opt, range(step, step + 1))
+            sched.step()
+        acc.save_state(folder)
+        import os
+
+        result["files"] = sorted(os.listdir(folder))
+        start = STEPS // 2
+    else:
+        acc.load_state(folder)
+        start = STEPS // 2
+    for step in range(start, STEPS):
+        _train(acc, model, opt, range(step, step + 1))
+        sched.step()
+    result["state"] = acc.get_state_dict(model)
+    result["lr"] = sched.get_last_lr()
+    return result
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> dict:
+    folder = str(tmp_path_factory.mktemp("fsdp") / "ckpt")
+    results = run_distributed(_variants_and_save, folder, world_size=2, timeout=300)
+    again = run_distributed(_resume, folder, "again", world_size=2, timeout=300)
+    resharded = run_distributed(_resume, folder, "again", world_size=1, timeout=300)
+    return {"ranks": results, "again": again, "resharded": resharded[0], "folder": folder}
+
+
+def _assert_state_close(state: dict, expected: dict, **tol: float) -> None:
+    assert sorted(state) == sorted(expected)
+    for k, v in expected.items():
+        torch.testing.assert_close(state[k], v, **tol, msg=lambda m, k=k: f"{k}: {m}")
+
+
+def test_two_process_fsdp2_equals_one_process(two_ranks):
+    expected, norm = reference()
+    rank0, rank1 = two_ranks["ranks"]
+    for name in ("fp32", "accumulate", "checkpointing", "offload", "no_reshard"):
+        _assert_state_close(rank0[name]["state"], expected, rtol=1e-5, atol=1e-6)
+        assert rank1[name]["state"] == {}  # the full state dict is on the main process
+    assert rank0["fp32"]["norm"] == pytest.approx(norm, rel=1e-5)  # the global norm
+    # bf16 parameters in forward/backward, float32 reduction and master weights: AdamW moves a
+    # weight by at most lr (1e-2) a step, so 4 steps bound any element's difference by 0.08;
+    # on average the two runs must agree far closer than that.
+    bf16 = rank0["bf16"]["state"]
+    for k, v in expected.items():
+        diff = (bf16[k] - v).abs()
+        assert diff.max() <= 0.08 and diff.mean() <= 2e-3, (k, diff.max(), diff.mean())
+
+
+def test_each_rank_holds_half_of_parameters_and_optimizer_state(two_ranks):
+    for r in two_ranks["ranks"]:
+        v = r["fp32"]
+        assert v["is_fsdp2"] and v["wrapped"] == ["FSDPBlock"] * 3 + ["FSDPNet"]
+        assert 0.45 <= v["param_local"] / v["param_total"] <= 0.55
+        assert 0.45 <= v["opt_local"] / (2 * v["param_total"]) <= 0.55  # exp_avg + exp_avg_sq
+    assert two_ranks["ranks"][0]["no_reshard"]["wrapped"] == ["FSDPNet"]  # no_wrap: the root only
+
+
+def test_sharded_checkpoint_resumes_exactly_and_on_another_world_size(two_ranks):
+    first = two_ranks["ranks"][0]["resume"]
+    assert "model_fsdp" in first["files"] and "optimizer_fsdp" in first["files"]
+    again = two_ranks["again"][0]
+    _assert_state_close(again["state"], first["state"], rtol=0.0, atol=0.0)  # bit for bit
+    assert again["lr"] == first["lr"]
+    # 2 -> 1 process: the sharded state loads and training continues the same
+    resharded = two_ranks["resharded"]
+    _assert_state_close(resharded["state"], first["state"], rtol=1e-5, atol=1e-6)
+    assert resharded["lr"] == first["lr"]
+
+
+def test_plugin_translates_fsdp1_settings_and_refuses_what_it_cannot():
+    from accel import FullyShardedDataParallelPlugin
+
+    p = FullyShardedDataParallelPlugin(
+        fsdp_version=1, sharding_strategy="SHARD_GRAD_OP", backward_prefetch="BACKWARD_PRE",
+        use_orig_params=True, state_dict_type="FULL_STATE_DICT",
+    )  # fmt: skip
+    assert p.fsdp_version == 2 and p.reshard_after_forward is False
+    assert any("SHARD_GRAD_OP -> reshard_after_forward=False" in n for n in p.notices)
+    assert any("backward_prefetch" in n for n in p.notices)
+    assert p.state_dict_type == "FULL_STATE_DICT"
+    with pytest.raises(ValueError, match="NO_SHARD keeps full replicas"):
+        FullyShardedDataParallelPlugin(sharding_strategy="NO_SHARD")
+    with pytest.raises(ValueError, match="LOCAL_STATE_DICT is FSDP1-only"):
+        FullyShardedDataParallelPlugin(state_dict_type="LOCAL_STATE_DICT")
+    with pytest.raises(ValueError, match="needs min_num_params"):
+        FullyShardedDataParallelPlugin(auto_wrap_policy="size_based_wrap")
+    with pytest.raises(ValueError, match="fsdp_config key 'fsdp_typo'"):
+        FullyShardedDataParallelPlugin.from_launch_config({"fsdp_typo": 1})
+    launched = FullyShardedDataParallelPlugin.from_launch_config(
+        {"fsdp_auto_wrap_policy": "SIZE_BASED_WRAP", "fsdp_min_num_params": "100",
+         "fsdp_offload_params": "true", "fsdp_sharding_strategy": 1}
+    )  # fmt: skip
+    assert launched.auto_wrap_policy == "size_based_wrap" and launched.min_num_params == 100
+    assert launched.cpu_offload is True and launched.reshard_after_forward is True
