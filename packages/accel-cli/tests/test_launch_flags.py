@@ -139,9 +139,7 @@ def test_values_accel_cannot_honour_are_refused(argv, expected, tmp_path, capsys
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("distributed_type: FSDP\n", "distributed_type: FSDP"),
         ("distributed_type: XLA\n", "TPU"),
-        ("fsdp_config:\n  fsdp_version: 2\n", "fsdp_config"),
         ("parallelism_config:\n  parallelism_config_tp_size: 2\n", "parallelism_config"),
         ("megatron_lm_config:\n  megatron_lm_tp_degree: 2\n", "Megatron-LM"),
         ("downcast_bf16: 'yes'\n", "downcast_bf16"),
@@ -190,6 +188,34 @@ def test_defaults_given_explicitly_are_not_refused(tmp_path, capsys):
     launched = json.loads(env["ACCEL_LAUNCH_CONFIG"])
     assert launched["dynamo_config"] == {"dynamo_backend": "no", "dynamo_mode": "default"}
     assert "fp8_config" not in launched and "ACCEL_DEBUG_MODE" not in env
+
+
+def test_fsdp_flags_and_file_reach_the_workers(tmp_path, capsys):
+    script = tmp_path / "s.py"
+    script.write_text("")
+    _, env = _dry_run(
+        capsys, "--use_fsdp", "--fsdp_reshard_after_forward", "false",
+        "--fsdp_auto_wrap_policy", "NO_WRAP", "--num_processes", "2", "--cpu", str(script),
+    )  # fmt: skip
+    launched = json.loads(env["ACCEL_LAUNCH_CONFIG"])
+    assert launched["distributed_type"] == "FSDP"
+    assert launched["fsdp_config"] == {
+        "fsdp_reshard_after_forward": "false", "fsdp_auto_wrap_policy": "NO_WRAP"
+    }  # fmt: skip
+    cfg = tmp_path / "fsdp.yaml"
+    cfg.write_text(
+        "distributed_type: FSDP\nnum_processes: 2\nuse_cpu: true\nfsdp_config:\n"
+        "  fsdp_version: 2\n  fsdp_offload_params: false\n"
+    )
+    _, env = _dry_run(capsys, "--config_file", str(cfg), "--fsdp_state_dict_type",
+                      "FULL_STATE_DICT", str(script))  # fmt: skip
+    launched = json.loads(env["ACCEL_LAUNCH_CONFIG"])
+    assert launched["distributed_type"] == "FSDP"
+    assert launched["fsdp_config"] == {"fsdp_version": 2, "fsdp_offload_params": False,
+                                       "fsdp_state_dict_type": "FULL_STATE_DICT"}  # fmt: skip
+    # an FSDP setting without an FSDP run is refused before anything starts
+    assert main(["launch", "--dry_run", "--fsdp_offload_params", "true", str(script)]) == 2
+    assert "add --use_fsdp" in capsys.readouterr().err
 
 
 def test_torchrun_options_are_passed_through(tmp_path, capsys):

@@ -34,10 +34,6 @@ DEEPSPEED = (
     "the DeepSpeed engine is not in accel yet; run without it (DDP is the default with several "
     "processes), or launch with `accelerate launch`"
 )
-FSDP = (
-    "the FSDP engine is not in accel yet; run without it (DDP is the default with several "
-    "processes), or launch with `accelerate launch`"
-)
 PARALLELISM = (
     "tensor, context and sequence parallel degrees (parallelism_config) are not in accel yet; "
     "run data parallel (DDP, the default with several processes)"
@@ -239,23 +235,30 @@ _DEEPSPEED = (
 )
 
 _FSDP = (
-    _switch("use_fsdp", refused=FSDP),
-    _f("fsdp_version", "1", choices=("1", "2"), refused=FSDP),
-    _f("fsdp_offload_params", "false", refused=FSDP),
-    _f("fsdp_min_num_params", 100000000, int, refused=FSDP),
-    _f("fsdp_sharding_strategy", "FULL_SHARD", refused=FSDP),
-    _f("fsdp_reshard_after_forward", "true", refused=FSDP),
-    _f("fsdp_auto_wrap_policy", refused=FSDP),
-    _f("fsdp_transformer_layer_cls_to_wrap", refused=FSDP),
-    _f("fsdp_backward_prefetch", refused=FSDP),
-    _f("fsdp_state_dict_type", refused=FSDP),
-    _f("fsdp_forward_prefetch", "false", refused=FSDP),
-    _f("fsdp_use_orig_params", "true", refused=FSDP),
-    _f("fsdp_cpu_ram_efficient_loading", "true", refused=FSDP),
-    _f("fsdp_sync_module_states", "true", refused=FSDP),
-    _f("fsdp_activation_checkpointing", "false", refused=FSDP),
-    _f("fsdp_activation_checkpointing_offload", "false", refused=FSDP),
-)
+    _switch("use_fsdp", help="Shard parameters, gradients and optimizer state with FSDP2 "
+            "(torch's fully_shard); the fsdp_* flags below set its fsdp_config."),
+    _f("fsdp_version", "1", choices=("1", "2"), help="1 is translated to FSDP2 with a notice."),
+    _f("fsdp_offload_params", "false", help="Keep the shards on the CPU."),
+    _f("fsdp_min_num_params", 100000000, int, help="size_based_wrap: parameters per group."),
+    _f("fsdp_sharding_strategy", "FULL_SHARD", help="FSDP1 name, translated "
+       "(FULL_SHARD / SHARD_GRAD_OP -> reshard_after_forward)."),
+    _f("fsdp_reshard_after_forward", "true", help="Free gathered parameters after forward."),
+    _f("fsdp_auto_wrap_policy", help="TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP or NO_WRAP."),
+    _f("fsdp_transformer_layer_cls_to_wrap", help="Comma-separated class names to shard "
+       "separately (default: the model's _no_split_modules)."),
+    _f("fsdp_backward_prefetch", help="FSDP1 only: dropped with a notice."),
+    _f("fsdp_state_dict_type", help="SHARDED_STATE_DICT or FULL_STATE_DICT."),
+    _f("fsdp_forward_prefetch", "false", help="Gather the next block during forward."),
+    _f("fsdp_use_orig_params", "true", help="FSDP1 only: dropped with a notice."),
+    _f("fsdp_cpu_ram_efficient_loading", "true", help="Rank 0 holds the weights; the others "
+       "receive their shards at prepare."),
+    _f("fsdp_sync_module_states", "true", help="FSDP1 only: dropped with a notice."),
+    _f("fsdp_activation_checkpointing", "false", help="Recompute block activations."),
+    _f("fsdp_activation_checkpointing_offload", "false",
+       refused="offloading checkpointed activations is not supported by accel's FSDP2; use "
+       "--fsdp_activation_checkpointing alone"),
+)  # fmt: skip
+SECTION_KEYS.update({f.name: ("fsdp_config", f.name) for f in _FSDP if f.name != "use_fsdp"})
 
 _MEGATRON = (
     _switch("use_megatron_lm", refused=MEGATRON),
@@ -329,7 +332,7 @@ _GROUPS = (
     ("refused: TPU", _TPU),
     ("refused: SageMaker", _SAGEMAKER),
     ("refused: DeepSpeed (not built yet)", _DEEPSPEED),
-    ("refused: FSDP (not built yet)", _FSDP),
+    ("FSDP2 (with --use_fsdp, or distributed_type: FSDP in the file)", _FSDP),
     ("refused: Megatron-LM", _MEGATRON),
     ("refused: parallelism_config (not built yet)", _PARALLELISM),
 )

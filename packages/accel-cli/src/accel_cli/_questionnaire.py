@@ -193,7 +193,7 @@ def run_questionnaire(asker: Asker) -> dict[str, Any]:
     if precision is None:  # the DeepSpeed JSON file decides
         del base["mixed_precision"]
     base.update(values)
-    if engine != "DDP":
+    if engine not in ("DDP", "FSDP"):  # DeepSpeed is not built yet
         asker.out.write(_ENGINE_NOTE.format(engine=engine) + "\n")
     return base
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from accel_cli._config import ConfigError, ConfigFile
 from accel_cli._flags import (
+    BY_NAME,
     FLAGS,
     MSAMP,
     REFUSED_DYNAMO_BACKENDS,
@@ -42,7 +43,9 @@ def _value_refusal(name: str, value: Any) -> str | None:
     return None
 
 
-def flag_refusals(given: Mapping[str, Any], mixed_precision: str = "no") -> list[str]:
+def flag_refusals(
+    given: Mapping[str, Any], mixed_precision: str = "no", fsdp_from_file: bool = False
+) -> list[str]:
     """One message per given flag that asks for something accel does not provide."""
     out = []
     for flag in FLAGS:
@@ -60,6 +63,16 @@ def flag_refusals(given: Mapping[str, Any], mixed_precision: str = "no") -> list
                 f"{spelled}{shown}: fp8 settings apply only with --mixed_precision fp8 (the run "
                 f"uses {mixed_precision!r}); add --mixed_precision fp8 or drop {spelled}."
             )
+    fsdp_flags = [  # set to something other than accelerate's default, without FSDP
+        f"--{n}" for n, (section, _) in SECTION_KEYS.items()
+        if section == "fsdp_config" and given.get(n) is not None
+        and str(given[n]).lower() != str(BY_NAME[n].default).lower()
+    ]  # fmt: skip
+    if fsdp_flags and not given.get("use_fsdp") and not fsdp_from_file:
+        out.append(
+            f"{', '.join(fsdp_flags)}: FSDP settings apply only to an FSDP run; add --use_fsdp "
+            f"(or distributed_type: FSDP in the config file) or drop them."
+        )
     main = given.get("main_training_function")
     if main is not None and main != "main":
         out.append(
@@ -101,7 +114,9 @@ def with_flag_sections(config: LaunchConfig, given: Mapping[str, Any]) -> Launch
         if isinstance(value, tuple):
             value = list(value)
         sections.setdefault(section, {})[key] = value
-    for section in ("dynamo_config", "fp8_config"):
+    if given.get("use_fsdp"):
+        handed["distributed_type"] = "FSDP"
+    for section in ("dynamo_config", "fp8_config", "fsdp_config"):
         if sections.get(section):
             handed[section] = sections[section]
     return dataclasses.replace(config, handed_down=handed)
@@ -109,7 +124,8 @@ def with_flag_sections(config: LaunchConfig, given: Mapping[str, Any]) -> Launch
 
 def check_launch(config: LaunchConfig, given: Mapping[str, Any], file: ConfigFile | None) -> None:
     """Raise one ConfigError listing everything this launch asks for that accel refuses."""
-    problems = flag_refusals(given, config.mixed_precision)
+    fsdp_file = config.handed_down.get("distributed_type") == "FSDP"
+    problems = flag_refusals(given, config.mixed_precision, fsdp_from_file=fsdp_file)
     problems += [] if file is None else list(file.refused)
     if given.get("no_python") and given.get("module"):
         problems.append("--no_python and -m/--module contradict: pick one.")

@@ -202,7 +202,6 @@ REFUSED_KEYS: dict[str, tuple[Any, str]] = {
 }
 # Keys of sections accel does not provide: set to anything, they are refused.
 REFUSED_SECTIONS: dict[str, str] = {
-    "fsdp_config": "the FSDP engine is not in accel yet (run DDP, or use accelerate launch)",
     "deepspeed_config": "the DeepSpeed engine is not in accel yet (run DDP, or use accelerate "
     "launch)",
     "parallelism_config": "tensor, context and sequence parallel degrees are not in accel yet "
@@ -212,7 +211,6 @@ REFUSED_SECTIONS: dict[str, str] = {
 REFUSED_TYPES: dict[str, str] = {
     "XLA": _TPU,
     "MEGATRON_LM": REFUSED_KEYS["megatron_lm_config"][1],
-    "FSDP": REFUSED_SECTIONS["fsdp_config"],
     "DEEPSPEED": REFUSED_SECTIONS["deepspeed_config"],
 }
 
