@@ -2,6 +2,7 @@ import accel_bigmodel
 
 EXPECTED = [
     "AlignDevicesHook",
+    "CheckpointReader",
     "CpuOffload",
     "LoadResult",
     "ModelHook",

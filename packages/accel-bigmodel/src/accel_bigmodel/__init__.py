@@ -46,6 +46,7 @@ from accel_bigmodel._offload import (
     offload_weight,
     save_offload_index,
 )
+from accel_bigmodel._reader import CheckpointReader
 from accel_bigmodel._sizes import (
     compute_module_sizes,
     convert_file_size_to_int,
@@ -58,6 +59,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AlignDevicesHook",
+    "CheckpointReader",
     "CpuOffload",
     "LoadResult",
     "ModelHook",

@@ -1,11 +1,11 @@
-"""Loading a checkpoint into a (possibly empty) model, one shard at a time.
+"""Loading a checkpoint into a (possibly empty) model.
 
 A checkpoint is one ``.safetensors`` / ``.bin`` / ``.pt`` file, a folder holding one, or a
 folder with ``model.safetensors.index.json`` / ``pytorch_model.bin.index.json`` =
-``{"metadata": {...}, "weight_map": {name: shard_file}}`` and the shards. Tensors are read one
-at a time and placed where the device map says; tensors mapped to "disk" are not read at
-all when they sit in a safetensors shard in the right dtype: the offload index points at
-them in place.
+``{"metadata": {...}, "weight_map": {name: shard_file}}`` and the shards. The chosen reader
+(`_sources`) feeds each tensor to a `Placer`, which puts it where the device map says;
+tensors mapped to "disk" are not read at all when they sit in a safetensors shard in the right
+dtype: the offload index points at them in place, and the kernel is asked to read them ahead.
 """
 
 from __future__ import annotations
@@ -14,26 +14,25 @@ import glob
 import json
 import os
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import torch
 from torch import nn
 
-from accel_bigmodel._device_map import check_device_map, device_for
-from accel_bigmodel._modeling import (
-    find_tied_parameters,
-    retie_parameters,
-    set_module_tensor_to_device,
-)
-from accel_bigmodel._offload import (
-    dtype_name,
-    offload_weight,
-    safetensors_entries,
-    save_offload_index,
-)
+from accel_bigmodel._device_map import check_device_map
+from accel_bigmodel._modeling import retie_parameters
+from accel_bigmodel._offload import save_offload_index
+from accel_bigmodel._placer import Placer
 from accel_bigmodel._progress import Progress
+from accel_bigmodel._reader import CheckpointReader, as_reader, reads_natively, warm_page_cache
 from accel_bigmodel._sizes import Device, _as_dtype, normalize_device
+from accel_bigmodel._sources import (
+    load_accel,
+    load_fastsafetensors,
+    load_one_by_one,
+    load_runai,
+)
 
 INDEX_NAMES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 SINGLE_NAMES = ("model.safetensors", "pytorch_model.bin")
@@ -91,69 +90,6 @@ def checkpoint_files(checkpoint: str | os.PathLike) -> list[str]:
     )
 
 
-def _corrupt(path: str, error: BaseException) -> ValueError:
-    first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    return ValueError(
-        f"Cannot read the checkpoint shard {path} ({type(error).__name__}: {first}). The file is corrupt or truncated; "
-        f"save or download it again."
-    )
-
-
-def _safetensors_shard(path: str) -> Iterator[tuple[str, Callable[[], torch.Tensor], dict]]:
-    from safetensors import safe_open
-
-    try:
-        entries = safetensors_entries(path)
-        handle = safe_open(path, framework="pt", device="cpu")
-    except Exception as e:
-        raise _corrupt(path, e) from e
-    with handle as f:
-        for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-
-            def read(name: str = name) -> torch.Tensor:
-                try:
-                    return f.get_tensor(name)
-                except Exception as e:
-                    raise _corrupt(path, e) from e
-
-            yield name, read, entries.get(name)
-
-
-def _torch_shard(path: str) -> Iterator[tuple[str, Callable[[], torch.Tensor], None]]:
-    try:
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as e:
-            if "mmap" not in str(e) and "zip" not in str(e):
-                raise
-            state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise _corrupt(path, e) from e
-    if not isinstance(state, Mapping):
-        raise ValueError(f"{path} holds a {type(state).__name__}, not a state dict of tensors.")
-    names = list(state)
-    for name in names:
-        tensor = state.pop(name)
-        yield name, (lambda t=tensor: t), None
-
-
-def _read_shard(path: str) -> Iterator[tuple[str, Callable[[], torch.Tensor], dict | None]]:
-    return _safetensors_shard(path) if path.endswith(".safetensors") else _torch_shard(path)
-
-
-def _target_dtype(
-    name: str,
-    current: torch.Tensor,
-    dtype: torch.dtype | None,
-    keep_in_fp32: list[str],
-) -> torch.dtype | None:
-    if not current.is_floating_point():
-        return None
-    if keep_in_fp32 and any(m in name.split(".") for m in keep_in_fp32):
-        return torch.float32
-    return dtype or current.dtype
-
-
 def _finish(
     model: nn.Module, missing: list[str], unexpected: list[str], strict: bool
 ) -> LoadResult:
@@ -180,18 +116,22 @@ def load_checkpoint_in_model(
     keep_in_fp32_modules: list[str] | None = None,
     strict: bool = False,
     show_progress: bool | None = None,
+    reader: str | CheckpointReader = "auto",
 ) -> LoadResult:
-    """Load `checkpoint` into `model` tensor by tensor, placing each as `device_map` says.
+    """Load `checkpoint` into `model`, placing each tensor as `device_map` says.
 
     Works on models built under `init_empty_weights`. Tensors mapped to "disk" go to
     `offload_folder` (indexed in its ``index.json``); buffers stay in memory with their stored
     values unless `offload_buffers`. Floating tensors are cast to `dtype` (or to the model's
     dtype), except in `keep_in_fp32_modules`. Tied parameters are tied again after loading.
-    Missing / unexpected keys raise with `strict`, else warn. Peak memory stays near the
-    model's size plus one tensor: shards are streamed, and `offload_state_dict` is accepted
-    for compatibility (it has nothing left to save).
+    Missing / unexpected keys raise with `strict`, else warn. `reader` picks how safetensors
+    shards are read: "auto"/"accel" (concurrent large reads into the final tensors, in the
+    model's order, within a bounded buffer), "mmap", "runai", "fastsafetensors", or a
+    `CheckpointReader` with its knobs. Peak memory stays near the model's size plus the
+    reader's buffer; `offload_state_dict` is accepted for compatibility (nothing to save).
     """
     del offload_state_dict
+    reader = as_reader(reader)
     dtype = _as_dtype(dtype)
     files = checkpoint_files(checkpoint)
     if device_map is not None:
@@ -203,63 +143,59 @@ def load_checkpoint_in_model(
                 f"The device_map sends {disk[:10]} to 'disk' but no offload_folder was given; "
                 f"pass offload_folder='some/folder'."
             )
-    tied = find_tied_parameters(model)
-    aliases = {name: group for group in tied for name in group}
-    expected = model.state_dict(keep_vars=True)
-    buffers = {n for n, _ in model.named_buffers(remove_duplicate=False)}
-    keep_fp32 = list(keep_in_fp32_modules or ())
-    loaded: set[str] = set()
-    unexpected: list[str] = []
-    index: dict[str, dict] = {}
+    safetensors = [f for f in files if f.endswith(".safetensors")]
+    others = [f for f in files if not f.endswith(".safetensors")]
+    _check_reader_serves(reader, others)
+    placer = Placer(
+        model, device_map, offload_folder, dtype, offload_buffers, list(keep_in_fp32_modules or ())
+    )
     progress = Progress(len(files), "Loading checkpoint shards", show_progress)
-    for path in files:
-        for name, read, entry in _read_shard(path):
-            current = expected.get(name)
-            if current is None:
-                unexpected.append(name)
-                continue
-            want = _target_dtype(name, current, dtype, keep_fp32)
-            names = aliases.get(name, [name])
-            devices = {a: _device_of(device_map, a, expected[a]) for a in names}
-            in_memory = [
-                a for a in names if devices[a] != "disk" or (a in buffers and not offload_buffers)
-            ]
-            loaded.update(names)
-            if not in_memory:
-                if entry is not None and (want is None or entry["dtype"] == dtype_name(want)):
-                    index[name] = dict(entry)
-                else:
-                    value = read()
-                    offload_weight(value.to(want) if want else value, name, offload_folder, index)
-                for alias in names:
-                    index[alias] = index[name]
-                continue
-            target = in_memory[0]
-            device = "cpu" if devices[target] == "disk" else devices[target]
-            value = read()
-            if not _owns_memory(value) and (want is None or want == value.dtype):
-                value = value.clone()  # detach from the file's memory map
-            set_module_tensor_to_device(model, target, device, value=value, dtype=want)
+    if reader.backend in ("auto", "accel") and safetensors:
+        others = load_accel(placer, safetensors, reader, progress) + others
+    elif reader.backend == "runai" and safetensors:
+        load_runai(placer, safetensors, progress)
+    elif reader.backend == "fastsafetensors" and safetensors:
+        load_fastsafetensors(placer, safetensors, reader, progress)
+    else:
+        others = files
+    for path in others:
+        load_one_by_one(placer, path)
         progress.update()
-    _retie_loaded(model, tied)
-    if index:
-        save_offload_index(index, offload_folder)
-    missing = [n for n in expected if n not in loaded]
-    return _finish(model, missing, unexpected, strict)
+    _retie_loaded(model, placer.tied)
+    if placer.index:
+        save_offload_index(placer.index, offload_folder)
+    if reader.backend != "mmap":
+        warm_page_cache(_within_free_memory(placer.warm_ranges()))
+    return _finish(model, placer.missing(), placer.unexpected, strict)
 
 
-def _device_of(
-    device_map: Mapping[str, Device] | None, name: str, current: torch.Tensor
-) -> Device | torch.device:
-    if device_map is not None:
-        return device_for(device_map, name)
-    return "cpu" if current.device.type == "meta" else current.device
+def _check_reader_serves(reader: CheckpointReader, others: list[str]) -> None:
+    if others and reader.backend in ("accel", "runai", "fastsafetensors"):
+        raise ValueError(
+            f"reader={reader.backend!r} reads safetensors files, but the checkpoint has "
+            f"{[os.path.basename(f) for f in others][:5]}. Use reader='auto' (torch.load with "
+            f"weights_only=True for .bin/.pt) or convert the checkpoint to safetensors."
+        )
+    if reader.backend == "accel" and not reads_natively():
+        raise ValueError(
+            "reader='accel' reads little-endian bytes as they are, and this machine is "
+            "big-endian; use reader='auto' or 'mmap'."
+        )
 
 
-def _owns_memory(tensor: torch.Tensor) -> bool:
-    """False for tensors backed by a memory-mapped file (torch.load(mmap=True))."""
-    storage = tensor.untyped_storage()
-    return storage.filename is None if hasattr(storage, "filename") else True
+def _within_free_memory(ranges: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
+    """The leading ranges whose total fits in half the memory free now (a cache hint only)."""
+    if not ranges:
+        return []
+    import psutil
+
+    room, kept = psutil.virtual_memory().available // 2, []
+    for path, offset, nbytes in ranges:
+        if nbytes > room:
+            break
+        room -= nbytes
+        kept.append((path, offset, nbytes))
+    return kept
 
 
 def _retie_loaded(model: nn.Module, tied: list[list[str]]) -> None:

@@ -24,6 +24,7 @@ from accel_bigmodel._hooks import (
 from accel_bigmodel._modeling import set_module_tensor_to_device
 from accel_bigmodel._offload import INDEX_NAME, OffloadedWeightsLoader, offload_state_dict
 from accel_bigmodel._prefetch import Prefetcher
+from accel_bigmodel._reader import CheckpointReader
 from accel_bigmodel._sizes import (
     Device,
     _device_sort_key,
@@ -158,6 +159,8 @@ def cpu_offload(
     device = _torch_device(normalize_device(execution_device or _default_device()))
     if state_dict is None:
         state_dict = {n: t.detach().to("cpu") for n, t in model.state_dict(keep_vars=True).items()}
+    # The input-device hook goes first, so it records where the caller's inputs were before
+    # the model's own hook (a top-level buffer or parameter) moves them.
     add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
     attach_align_device_hook(
         model, device, offload=True, weights_map=state_dict, offload_buffers=offload_buffers,
@@ -181,6 +184,8 @@ def disk_offload(
         offload_state_dict(offload_dir, model.state_dict())
     device = _torch_device(normalize_device(execution_device or _default_device()))
     loader = OffloadedWeightsLoader(save_folder=offload_dir)
+    # The input-device hook goes first, so it records where the caller's inputs were before
+    # the model's own hook (a top-level buffer or parameter) moves them.
     add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
     attach_align_device_hook(
         model, device, offload=True, weights_map=loader, offload_buffers=offload_buffers,
@@ -268,11 +273,13 @@ def load_checkpoint_and_dispatch(
     strict: bool = False,
     show_progress: bool | None = None,
     prefetch: bool = True,
+    reader: str | CheckpointReader = "auto",
 ) -> nn.Module:
     """Load `checkpoint` into `model` (usually built under `init_empty_weights`) and dispatch it.
 
     `device_map` is a dict, one device, or "auto" / "balanced" / "balanced_low_0" /
-    "sequential" (planned from `max_memory`, by default what is free now).
+    "sequential" (planned from `max_memory`, by default what is free now). `reader` picks how
+    the shards are read (see `load_checkpoint_in_model`).
     """
     if device_map is not None:
         device_map = resolve_device_map(
@@ -282,7 +289,7 @@ def load_checkpoint_and_dispatch(
     load_checkpoint_in_model(
         model, checkpoint, device_map=device_map, offload_folder=offload_folder, dtype=dtype,
         offload_state_dict=bool(offload_state_dict), offload_buffers=offload_buffers,
-        strict=strict, show_progress=show_progress,
+        strict=strict, show_progress=show_progress, reader=reader,
     )  # fmt: skip
     if device_map is None:
         return model

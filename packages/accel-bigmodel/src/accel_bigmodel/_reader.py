@@ -1,0 +1,485 @@
+"""Reading safetensors shards at the speed of the disk.
+
+A safetensors file is an 8-byte little-endian header length, a JSON header
+(``{name: {"dtype", "shape", "data_offsets": [begin, end]}}``, offsets relative to the end of
+the header) and the raw little-endian bytes. `read_header` parses and checks it; then
+`stream_tensors` reads the requested tensors with a few threads doing large positional reads
+(``os.preadv``) straight into the tensors the model keeps: one copy from the kernel, no walk of
+page faults through a memory map. Tensors are read in the order given (the model's forward
+order) and handed back in that order as soon as each is complete, while later ones are still
+being read. A tensor that changes dtype or goes to a GPU is read through a small pool of
+staging buffers (pinned for CUDA) and converted or copied chunk by chunk, so memory beyond the
+model stays within the buffer budget.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import mmap
+import os
+import queue
+import struct
+import sys
+import threading
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+
+from accel_bigmodel._offload import _ST_DTYPES
+from accel_bigmodel._sizes import convert_file_size_to_int
+
+BACKENDS = ("auto", "accel", "mmap", "runai", "fastsafetensors")
+DEFAULT_THREADS = 8
+DEFAULT_BUFFER_SIZE = 256 * 2**20
+_MAX_CHUNK = 16 * 2**20
+_MIN_CHUNK = 2**20
+_MAX_HEADER = 100 * 2**20  # safetensors' own limit
+
+_DTYPES = dict(_ST_DTYPES)
+for _name, _attr in (("U16", "uint16"), ("U32", "uint32"), ("U64", "uint64")):
+    if isinstance(getattr(torch, _attr, None), torch.dtype):
+        _DTYPES[_name] = getattr(torch, _attr)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointReader:
+    """How checkpoint shards are read: the backend and, for "accel", its threads and buffer.
+
+    `backend`: "auto" (the default: "accel" for safetensors shards, torch.load for .bin/.pt),
+    "accel" (concurrent reads into the final tensors), "mmap" (safetensors' memory map, one
+    tensor at a time), "runai" (runai-model-streamer) or "fastsafetensors" (fastsafetensors);
+    the last two must be installed. `threads` (default 8) read at once; `buffer_size` (bytes or
+    "256MiB", the default) bounds the memory the reader holds beyond the model's own tensors.
+    `map_cached` (default True): a shard already wholly in the page cache is memory-mapped
+    instead of read, as safetensors' own loader does (no copy at all); False always reads.
+    """
+
+    backend: str = "auto"
+    threads: int | None = None
+    buffer_size: int | str | None = None
+    map_cached: bool = True
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(
+                f"Unknown checkpoint reader {self.backend!r}; choose one of {list(BACKENDS)} "
+                f'(e.g. reader="accel", or reader=CheckpointReader(backend="accel", threads=8)).'
+            )
+        threads = self.threads
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)):
+            raise ValueError(f"CheckpointReader threads={threads!r} must be an int >= 1.")
+        if threads is not None and threads < 1:
+            raise ValueError(f"CheckpointReader threads={threads} must be >= 1 (e.g. 8).")
+        if self.buffer_size is not None:
+            size = convert_file_size_to_int(self.buffer_size)
+            if size < _MIN_CHUNK:
+                raise ValueError(
+                    f"CheckpointReader buffer_size={self.buffer_size!r} is below 1MiB; give at "
+                    f'least "1MiB" (the default is "256MiB").'
+                )
+        if not isinstance(self.map_cached, bool):
+            raise ValueError(f"CheckpointReader map_cached={self.map_cached!r} must be a bool.")
+        honoured = {"mmap": (), "runai": (), "fastsafetensors": ("threads",)}
+        if self.backend in honoured:
+            tuned = [k for k in ("threads", "buffer_size") if getattr(self, k) is not None]
+            tuned += [] if self.map_cached else ["map_cached"]
+            ignored = [k for k in tuned if k not in honoured[self.backend]]
+            if ignored:
+                raise ValueError(
+                    f"CheckpointReader(backend={self.backend!r}) cannot honour "
+                    f"{', '.join(f'{k}={getattr(self, k)!r}' for k in ignored)}: these tune the "
+                    f"'accel' reader (fastsafetensors takes threads only). Drop them or use "
+                    f"backend='accel'."
+                )
+
+    @property
+    def resolved_threads(self) -> int:
+        return DEFAULT_THREADS if self.threads is None else self.threads
+
+    @property
+    def resolved_buffer_size(self) -> int:
+        if self.buffer_size is None:
+            return DEFAULT_BUFFER_SIZE
+        return convert_file_size_to_int(self.buffer_size)
+
+
+def as_reader(reader: str | CheckpointReader | None) -> CheckpointReader:
+    """`reader` as a CheckpointReader: a backend name is shorthand for CheckpointReader(backend=)."""
+    if reader is None:
+        return CheckpointReader()
+    if isinstance(reader, CheckpointReader):
+        return reader
+    if isinstance(reader, str):
+        return CheckpointReader(backend=reader)
+    raise ValueError(
+        f"reader={reader!r} is neither a backend name nor a CheckpointReader; pass one of "
+        f"{list(BACKENDS)} or CheckpointReader(backend=..., threads=..., buffer_size=...)."
+    )
+
+
+class TensorInfo(NamedTuple):
+    """Where one tensor's bytes sit in a safetensors file (`offset` from the file's start)."""
+
+    name: str
+    path: str
+    offset: int
+    nbytes: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+class UnsupportedDtype(ValueError):
+    """The file stores a dtype this torch cannot hold."""
+
+
+def _bad(path: str, offset: int, what: str) -> ValueError:
+    return ValueError(
+        f"Cannot read the checkpoint shard {path} at byte {offset}: {what}. The file is "
+        f"corrupt or truncated; save or download it again."
+    )
+
+
+def read_header(path: str) -> list[TensorInfo]:
+    """The tensors of the safetensors file `path`, checked against the file's size."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) < 8:
+            raise _bad(path, len(raw), f"the file has {size} bytes, fewer than the 8 of a header")
+        (length,) = struct.unpack("<Q", raw)
+        if length > min(_MAX_HEADER, size - 8):
+            raise _bad(path, 0, f"the header length {length} does not fit in {size} bytes")
+        try:
+            header = json.loads(f.read(length))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise _bad(path, 8, f"the JSON header does not parse ({e})") from None
+    if not isinstance(header, dict):
+        raise _bad(path, 8, "the JSON header is not an object")
+    header.pop("__metadata__", None)
+    start, end_of_data = 8 + length, size - 8 - length
+    infos = []
+    for name, entry in header.items():
+        try:
+            kind, shape, (begin, end) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]
+            numel = 1
+            for dim in shape:
+                if not isinstance(dim, int) or dim < 0:
+                    raise TypeError(dim)
+                numel *= dim
+        except (KeyError, TypeError, ValueError):
+            raise _bad(path, 8, f"the entry of {name!r} is malformed: {entry!r}") from None
+        if kind not in _DTYPES:
+            raise UnsupportedDtype(
+                f"{path}: tensor {name!r} has dtype {kind!r}, which torch {torch.__version__} "
+                f"cannot hold (known: {sorted(_DTYPES)}). Use reader='mmap' or convert it."
+            )
+        dtype = _DTYPES[kind]
+        nbytes = numel * _itemsize(dtype)
+        if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end):
+            raise _bad(path, 8, f"{name!r} has invalid data_offsets {[begin, end]}")
+        if end - begin != nbytes:
+            raise _bad(path, start + begin, f"{name!r} spans {end - begin} bytes, not {nbytes}")
+        if end > end_of_data:
+            raise _bad(
+                path, size, f"{name!r} needs bytes {start + begin}..{start + end} but the file ends"
+            )
+        infos.append(TensorInfo(name, path, start + begin, nbytes, dtype, shape))
+    return infos
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return dtype.itemsize
+
+
+def reads_natively() -> bool:
+    """Raw bytes become tensors without swapping: safetensors files are little-endian."""
+    return sys.byteorder == "little"
+
+
+class ReadRequest(NamedTuple):
+    """Read `info` into a new tensor of `dtype` on `device` (cpu or cuda)."""
+
+    info: TensorInfo
+    dtype: torch.dtype
+    device: torch.device
+
+
+@dataclass
+class ReadStats:
+    """What the reader held: the most bytes allocated ahead of the consumer, and staging."""
+
+    peak_ahead_bytes: int = 0
+    staging_bytes: int = 0
+    bytes_read: int = 0
+    order: list[str] = field(default_factory=list)
+
+
+def _buffer(tensor: torch.Tensor) -> memoryview:
+    """A writable memoryview over a contiguous CPU tensor's bytes (no numpy)."""
+    nbytes = tensor.numel() * tensor.element_size()
+    return memoryview((ctypes.c_char * nbytes).from_address(tensor.data_ptr())).cast("B")
+
+
+class _Files:
+    """File descriptors opened once per path, shared by the reading threads."""
+
+    def __init__(self) -> None:
+        self._fds: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def fd(self, path: str) -> int:
+        with self._lock:
+            if path not in self._fds:
+                self._fds[path] = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+            return self._fds[path]
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
+def _pread_into(fd: int, view: memoryview, offset: int, info: TensorInfo) -> None:
+    done, total = 0, len(view)
+    while done < total:
+        if hasattr(os, "preadv"):
+            n = os.preadv(fd, [view[done:]], offset + done)
+        else:  # platforms without preadv: a positioned read through a private handle
+            with open(os.dup(fd), "rb", buffering=0) as f:
+                f.seek(offset + done)
+                n = f.readinto(view[done:]) or 0
+        if n == 0:
+            raise _bad(
+                info.path, offset + done,
+                f"the file ended while reading {info.name!r} (bytes {info.offset}.."
+                f"{info.offset + info.nbytes})",
+            )  # fmt: skip
+        done += n
+
+
+class _Staging:
+    """A fixed pool of chunk-sized buffers (pinned when feeding a GPU) shared by the threads."""
+
+    def __init__(self, count: int, chunk: int, pin: bool) -> None:
+        self.free: queue.Queue[torch.Tensor] = queue.Queue()
+        for _ in range(count):
+            self.free.put(torch.empty(chunk, dtype=torch.uint8, pin_memory=pin))
+        self.bytes = count * chunk
+
+
+class _Engine:
+    """The work a reading thread does: direct reads, and staged reads with a copy."""
+
+    def __init__(self, files: _Files, chunk: int, staging_count: int, stats: ReadStats) -> None:
+        self.files, self.chunk, self.staging_count, self.stats = files, chunk, staging_count, stats
+        self._staging: dict[bool, _Staging] = {}
+        self._local = threading.local()
+        self._lock = threading.Lock()
+
+    def staging(self, pin: bool) -> _Staging:
+        with self._lock:
+            if pin not in self._staging:
+                self._staging[pin] = _Staging(self.staging_count, self.chunk, pin)
+                self.stats.staging_bytes += self._staging[pin].bytes
+            return self._staging[pin]
+
+    def direct(self, info: TensorInfo, view: memoryview, start: int) -> None:
+        _pread_into(self.files.fd(info.path), view, info.offset + start, info)
+
+    def staged(self, info: TensorInfo, out: torch.Tensor, first: int, count: int) -> None:
+        """Read elements [first, first + count) of `info` and copy them into `out` (flat)."""
+        size = _itemsize(info.dtype)
+        cuda = out.device.type == "cuda"
+        pool = self.staging(cuda)
+        buf = pool.free.get()
+        try:
+            raw = buf[: count * size]
+            _pread_into(self.files.fd(info.path), _buffer(raw), info.offset + first * size, info)
+            src = raw.view(info.dtype)
+            if not cuda:
+                out[first : first + count].copy_(src)
+                return
+            streams = self._local.__dict__.setdefault("streams", {})  # one per thread and GPU
+            stream = streams.get(out.device)
+            if stream is None:
+                stream = streams[out.device] = torch.cuda.Stream(out.device)
+            with torch.cuda.stream(stream):
+                moved = src.to(out.device, non_blocking=True)
+                out[first : first + count].copy_(moved)
+            stream.synchronize()  # the staging buffer is reused once the copy is done
+        finally:
+            pool.free.put(buf)
+
+
+def _chunk_size(buffer_size: int, threads: int) -> int:
+    chunk = min(_MAX_CHUNK, max(_MIN_CHUNK, buffer_size // (4 * threads)))
+    return chunk - chunk % 4096
+
+
+def stream_tensors(
+    requests: Sequence[ReadRequest],
+    threads: int = DEFAULT_THREADS,
+    buffer_size: int = DEFAULT_BUFFER_SIZE,
+    stats: ReadStats | None = None,
+) -> Iterator[tuple[ReadRequest, torch.Tensor]]:
+    """Read each request into a new tensor; yield them in order, each as soon as it is complete.
+
+    Up to `threads` reads run at once. The tensors allocated ahead of the consumer, plus the
+    staging buffers, stay within `buffer_size` bytes (a single tensor larger than that is read
+    alone). Closing the generator early stops the reads.
+    """
+    stats = ReadStats() if stats is None else stats
+    chunk = _chunk_size(buffer_size, threads)
+    staging_count = max(1, min(threads, buffer_size // (4 * chunk)))
+    pools = {r.device.type != "cpu" for r in requests if _needs_staging(r)}
+    limit = buffer_size - len(pools) * staging_count * chunk
+    files = _Files()
+    engine = _Engine(files, chunk, staging_count, stats)
+    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="accel-read")
+    pending: deque[tuple[ReadRequest, torch.Tensor, list[Future], int]] = deque()
+    ahead, index = 0, 0
+    try:
+        while pending or index < len(requests):
+            while index < len(requests):
+                request = requests[index]
+                cost = _nbytes(request)
+                if pending and ahead + cost > limit:
+                    break
+                tensor, futures = _submit(pool, engine, request, chunk)
+                pending.append((request, tensor, futures, cost))
+                ahead += cost
+                stats.peak_ahead_bytes = max(stats.peak_ahead_bytes, ahead)
+                index += 1
+            request, tensor, futures, cost = pending.popleft()
+            for future in futures:
+                future.result()
+            ahead -= cost
+            stats.bytes_read += request.info.nbytes
+            stats.order.append(request.info.name)
+            yield request, tensor
+    finally:
+        for _, _, futures, _ in pending:
+            for future in futures:
+                future.cancel()
+        pool.shutdown(wait=True)
+        files.close()
+
+
+def _nbytes(request: ReadRequest) -> int:
+    if request.device.type != "cpu":
+        return 0  # host memory is only the staging buffers
+    numel = request.info.nbytes // _itemsize(request.info.dtype)
+    return numel * _itemsize(request.dtype)
+
+
+def _needs_staging(request: ReadRequest) -> bool:
+    return request.device.type != "cpu" or request.dtype != request.info.dtype
+
+
+def _submit(
+    pool: ThreadPoolExecutor, engine: _Engine, request: ReadRequest, chunk: int
+) -> tuple[torch.Tensor, list[Future]]:
+    info = request.info
+    out = torch.empty(info.shape, dtype=request.dtype, device=request.device)
+    if info.nbytes == 0:
+        return out, []
+    futures = []
+    if not _needs_staging(request):
+        view = _buffer(out)
+        for start in range(0, info.nbytes, chunk):
+            part = view[start : start + chunk]
+            futures.append(pool.submit(engine.direct, info, part, start))
+        return out, futures
+    flat = out.view(-1)
+    per_chunk = max(1, chunk // _itemsize(info.dtype))
+    numel = flat.numel()
+    for first in range(0, numel, per_chunk):
+        count = min(per_chunk, numel - first)
+        futures.append(pool.submit(engine.staged, info, flat, first, count))
+    return out, futures
+
+
+def map_if_cached(path: str, samples: int = 256, window: int = 16) -> mmap.mmap | None:
+    """A private map of `path` when its pages are in the page cache now, else None.
+
+    A cached file needs no reading at all: tensors viewing the map (as safetensors' own loader
+    makes them) cost only the mapping. The check asks mincore about `samples` windows of
+    `window` pages spread over the file (a whole-file walk costs ~7 ms per 400 MB, more than
+    the load itself); a page it missed is read on first touch, as with any memory map.
+    Linux only; elsewhere files are read.
+    """
+    if not sys.platform.startswith("linux") or os.path.getsize(path) == 0:
+        return None
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    pages = -(-len(mapped) // mmap.PAGESIZE)
+    status = (ctypes.c_ubyte * window)()
+    anchor = ctypes.c_char.from_buffer(mapped)
+    cached = True
+    try:
+        mincore = ctypes.CDLL(None, use_errno=True).mincore
+        base = ctypes.addressof(anchor)
+        step = max(window, pages // samples)
+        for first in range(0, pages, step):
+            count = min(window, pages - first)
+            address = ctypes.c_void_p(base + first * mmap.PAGESIZE)
+            if mincore(address, ctypes.c_size_t(count * mmap.PAGESIZE), status) or bytes(
+                status[:count]
+            ).count(0):
+                cached = False
+                break
+    finally:
+        del anchor
+    if not cached:
+        mapped.close()
+        return None
+    return mapped
+
+
+def mapped_tensor(mapped: mmap.mmap, info: TensorInfo) -> torch.Tensor | None:
+    """`info`'s tensor as a view of `mapped` (its own storage), or None if it is misaligned."""
+    if info.nbytes == 0:
+        return torch.empty(info.shape, dtype=info.dtype)
+    if info.offset % _itemsize(info.dtype):
+        return None
+    count = info.nbytes // _itemsize(info.dtype)
+    flat = torch.frombuffer(mapped, dtype=info.dtype, count=count, offset=info.offset)
+    return flat.view(info.shape)
+
+
+def warm_page_cache(ranges: Iterable[tuple[str, int, int]]) -> threading.Thread | None:
+    """Ask the kernel, from a background thread, to read (path, offset, nbytes) ranges ahead.
+
+    Used for tensors left on disk and memory-mapped at run time: their pages arrive in forward
+    order with large reads while the model starts running, instead of one fault at a time.
+    It is a hint (posix_fadvise WILLNEED): it holds no memory of its own and errors are ignored.
+    """
+    if not hasattr(os, "posix_fadvise"):
+        return None
+    ranges = list(ranges)
+    if not ranges:
+        return None
+
+    def run() -> None:
+        fds: dict[str, int] = {}
+        try:
+            for path, offset, nbytes in ranges:
+                if path not in fds:
+                    fds[path] = os.open(path, os.O_RDONLY)
+                for start in range(offset, offset + nbytes, _MAX_CHUNK):
+                    length = min(_MAX_CHUNK, offset + nbytes - start)
+                    os.posix_fadvise(fds[path], start, length, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+
+    thread = threading.Thread(target=run, name="accel-warm", daemon=True)
+    thread.start()
+    return thread
