@@ -149,7 +149,9 @@ def _resume(folder: str, phase: str) -> dict:
         for step in range(STEPS // 2):
             _train(acc, model, opt, range(step, step + 1))
             sched.step()
+        result["saved_state"] = acc.get_state_dict(model)
         acc.save_state(folder)
+        acc.save_model(model, folder + "_export")  # full weights, written by the main process
         import os
 
         result["files"] = sorted(os.listdir(folder))
@@ -242,3 +244,20 @@ def test_plugin_translates_fsdp1_settings_and_refuses_what_it_cannot():
     )  # fmt: skip
     assert launched.auto_wrap_policy == "size_based_wrap" and launched.min_num_params == 100
     assert launched.cpu_offload is True and launched.reshard_after_forward is True
+
+
+def test_save_model_and_merge_weights_give_plain_safetensors(two_ranks, tmp_path):
+    from safetensors.torch import load_file
+
+    from accel.utils import merge_fsdp_weights
+    from accel_cli.main import main
+
+    saved = two_ranks["ranks"][0]["resume"]["saved_state"]
+    exported = load_file(two_ranks["folder"] + "_export/model.safetensors")
+    _assert_state_close(exported, saved, rtol=0.0, atol=0.0)
+    out = merge_fsdp_weights(two_ranks["folder"], tmp_path / "merged")
+    _assert_state_close(load_file(out / "model.safetensors"), saved, rtol=0.0, atol=0.0)
+    assert main(["merge-weights", two_ranks["folder"] + "/model_fsdp", str(tmp_path / "cli")]) == 0
+    _assert_state_close(load_file(tmp_path / "cli/model.safetensors"), saved, rtol=0.0, atol=0.0)
+    with pytest.raises(FileNotFoundError, match="not a sharded model folder"):
+        merge_fsdp_weights(tmp_path, tmp_path / "nothing")

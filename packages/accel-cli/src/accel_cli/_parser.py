@@ -227,6 +227,24 @@ def _add_test(sub: argparse._SubParsersAction) -> None:
     )
 
 
+def _add_merge_weights(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "merge-weights",
+        help="Merge a sharded FSDP2 model save into plain safetensors weights.",
+        description="CHECKPOINT_DIR is a checkpoint folder written by save_state under FSDP2 "
+        "(or its model_fsdp subfolder); OUTPUT is the folder to write model.safetensors (or "
+        "shards with an index json) into. Runs in one process, without a process group.",
+    )
+    p.add_argument("checkpoint_directory", metavar="CHECKPOINT_DIR")
+    p.add_argument("output_path", metavar="OUTPUT")
+    p.add_argument(
+        "--unsafe_serialization", action="store_true", help="Write pytorch_model.bin instead."
+    )
+    p.add_argument(
+        "--remove_checkpoint_dir", action="store_true", help="Delete CHECKPOINT_DIR afterwards."
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="accel",
@@ -235,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(
         dest="command",
-        metavar="{launch,config,env,estimate-memory,test,to-fsdp2}",
+        metavar="{launch,config,env,estimate-memory,test,to-fsdp2,merge-weights}",
         required=True,
     )
     _add_launch(sub)
@@ -248,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_estimate(sub)
     _add_test(sub)
     _add_to_fsdp2(sub)
+    _add_merge_weights(sub)
     return parser
 
 

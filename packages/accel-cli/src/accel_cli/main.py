@@ -318,6 +318,20 @@ def test_command(args: argparse.Namespace) -> int:
     return run_selftest(config, args.timeout, print)
 
 
+def merge_weights_command(args: argparse.Namespace) -> int:
+    """`accel merge-weights`: a sharded FSDP2 model save -> safetensors (imports accel)."""
+    from accel.utils import merge_fsdp_weights
+
+    out = merge_fsdp_weights(
+        args.checkpoint_directory,
+        args.output_path,
+        safe_serialization=not args.unsafe_serialization,
+        remove_checkpoint_dir=args.remove_checkpoint_dir,
+    )
+    _say(f"wrote the merged weights to {out}")
+    return 0
+
+
 _COMMANDS = {
     ("launch", None): launch_command,
     ("config", None): config_questionnaire_command,
@@ -329,6 +343,7 @@ _COMMANDS = {
     ("estimate-memory", None): estimate_memory_command,
     ("test", None): test_command,
     ("to-fsdp2", None): to_fsdp2_command,
+    ("merge-weights", None): merge_weights_command,
 }
 
 
