@@ -2,6 +2,7 @@
 
 from accel._config import ProfileKwargs, ProjectConfiguration
 from accel._dynamo import TorchDynamoPlugin
+from accel._export import merge_fsdp_weights
 from accel._gradient_state import GradientAccumulationPlugin
 from accel._memory import (
     clear_device_cache,
@@ -96,6 +97,7 @@ __all__ = [
     "is_namedtuple",
     "is_torch_tensor",
     "load_checkpoint_in_model",
+    "merge_fsdp_weights",
     "offload_state_dict",
     "pad_across_processes",
     "recursively_apply",
