@@ -127,7 +127,45 @@ def _variants_and_save(folder: str) -> dict:
         "no_reshard": _variant({"reshard_after_forward": False, "auto_wrap_policy": "no_wrap"}),
     }
     out["resume"] = _resume(folder, "first")
+    out["llama"] = _llama(folder + "_llama")
     return out
+
+
+def _tiny_llama() -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+        tie_word_embeddings=True,
+    )  # fmt: skip
+    return LlamaForCausalLM(config)
+
+
+def _llama(export: str) -> dict:
+    """A transformers model built from a config (no download) under FSDP2: its decoder layers
+    are wrapped from `_no_split_modules`, the tied embedding stays tied, save_model reloads."""
+    from accel import Accelerator, AcceleratorState, FullyShardedDataParallelPlugin
+
+    AcceleratorState._reset_state()
+    acc = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin())
+    model = _tiny_llama()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = acc.prepare(model, opt)
+    g = torch.Generator().manual_seed(acc.process_index)
+    ids = torch.randint(0, 64, (4, 16), generator=g)
+    losses = []
+    for _ in range(5):
+        loss = model(input_ids=ids, labels=ids).loss
+        acc.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    acc.save_model(model, export)
+    tied = model.lm_head.weight is model.model.embed_tokens.weight
+    wrapped = sorted(type(m).__name__ for m in model.modules() if hasattr(m, "reshard"))
+    return {"losses": losses, "tied": tied, "wrapped": wrapped, "state": acc.get_state_dict(model)}
 
 
 def _resume(folder: str, phase: str) -> dict:
@@ -261,3 +299,25 @@ def test_save_model_and_merge_weights_give_plain_safetensors(two_ranks, tmp_path
     _assert_state_close(load_file(tmp_path / "cli/model.safetensors"), saved, rtol=0.0, atol=0.0)
     with pytest.raises(FileNotFoundError, match="not a sharded model folder"):
         merge_fsdp_weights(tmp_path, tmp_path / "nothing")
+
+
+def test_transformers_llama_trains_under_fsdp2_and_its_export_reloads(two_ranks):
+    pytest.importorskip("transformers")
+    from safetensors.torch import load_file
+
+    from accel_bigmodel import load_checkpoint_in_model
+
+    rank0 = two_ranks["ranks"][0]["llama"]
+    assert rank0["wrapped"] == ["FSDPLlamaDecoderLayer"] * 2 + ["FSDPLlamaForCausalLM"]
+    assert rank0["tied"] and rank0["losses"][-1] < rank0["losses"][0]
+    export = two_ranks["folder"] + "_llama"
+    exported = load_file(export + "/model.safetensors")
+    tied_pair = {"lm_head.weight", "model.embed_tokens.weight"}
+    assert len(set(rank0["state"]) - set(exported)) == 1  # the tied weight is written once
+    assert set(rank0["state"]) - set(exported) < tied_pair
+    for k, v in exported.items():
+        assert torch.equal(v, rank0["state"][k]), k
+    fresh = _tiny_llama()
+    load_checkpoint_in_model(fresh, export)
+    assert fresh.lm_head.weight is fresh.model.embed_tokens.weight
+    _assert_state_close(fresh.state_dict(), rank0["state"], rtol=0.0, atol=0.0)

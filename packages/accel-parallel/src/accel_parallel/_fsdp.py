@@ -287,7 +287,17 @@ class FSDP2Strategy(Strategy):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_model_state_dict(model, options=options)
+        state = get_model_state_dict(model, options=options)
+        # Gathering copies each name apart: tied weights become one tensor again, so that
+        # exports write them once (as for an unsharded model).
+        names: dict[int, list[str]] = {}
+        for name, param in model.named_parameters(remove_duplicate=False):
+            names.setdefault(id(param), []).append(name)
+        for group in names.values():
+            present = [n for n in group if n in state]
+            for other in present[1:]:
+                state[other] = state[present[0]]
+        return state
 
     def load_model_state_dict(
         self, model: nn.Module, state_dict: dict[str, torch.Tensor], strict: bool = True
