@@ -214,3 +214,46 @@ def test_nccl_process_group_in_one_process_runs_the_collectives():
     for key in ("gather", "reduce", "mean", "pad", "broadcast", "metrics"):
         assert torch.equal(r[key], t), key
     assert r["objects"] == [{"rank": 0}]
+
+
+def _fsdp2_bf16_on_cuda(folder: str) -> dict:
+    import torch.distributed as dist
+
+    from accel import Accelerator, FullyShardedDataParallelPlugin
+
+    acc = Accelerator(mixed_precision="bf16", fsdp_plugin=FullyShardedDataParallelPlugin())
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 64), nn.ReLU(), nn.Linear(64, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    model, opt = acc.prepare(model, opt)
+    data = RegressionData(64)
+    x, y = data.x.to(acc.device), data.y.to(acc.device)
+    losses = []
+    for _ in range(30):
+        loss = nn.functional.mse_loss(model(x).float(), y)
+        acc.backward(loss)
+        acc.clip_grad_norm_(model.parameters(), 10.0)
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    acc.save_state(folder)
+    before = {k: v.clone() for k, v in acc.get_state_dict(model).items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    acc.load_state(folder)
+    after = acc.get_state_dict(model)
+    return {
+        "backend": dist.get_backend(),
+        "fsdp2": acc.is_fsdp2,
+        "device": str(next(model.parameters()).device),
+        "losses": losses,
+        "restored": all(torch.equal(after[k], v) for k, v in before.items()),
+    }
+
+
+def test_fsdp2_with_bf16_and_nccl_trains_and_round_trips_a_sharded_checkpoint(tmp_path):
+    (r,) = run_distributed(_fsdp2_bf16_on_cuda, str(tmp_path / "ckpt"), world_size=1, timeout=240)
+    assert r["backend"] == "nccl" and r["fsdp2"] and r["device"].startswith("cuda")
+    assert r["losses"][-1] < 0.2 * r["losses"][0], r["losses"]
+    assert r["restored"]
