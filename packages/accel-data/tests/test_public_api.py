@@ -9,13 +9,18 @@ import accel_data
 
 EXPECTED = [
     "BatchSamplerShard",
+    "DataLoaderAdapter",
     "DataLoaderConfiguration",
     "DataLoaderDispatcher",
     "DataLoaderShard",
+    "DataLoaderStateMixin",
     "IterableDatasetShard",
     "IterationObserver",
     "SeedableRandomSampler",
+    "SkipBatchSampler",
+    "SkipDataLoader",
     "find_batch_size",
+    "get_sampler",
     "prepare_data_loader",
     "send_to_device",
     "skip_first_batches",

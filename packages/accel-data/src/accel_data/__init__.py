@@ -4,6 +4,13 @@ Needs only torch. The caller says who it is (`num_processes`, `process_index`, `
 nothing is read from the environment. Importing this package does nothing.
 """
 
+from accel_data._adapters import (
+    DataLoaderAdapter,
+    DataLoaderStateMixin,
+    SkipBatchSampler,
+    SkipDataLoader,
+    get_sampler,
+)
 from accel_data._base import IterationObserver
 from accel_data._config import DataLoaderConfiguration
 from accel_data._dispatch import DataLoaderDispatcher
@@ -18,13 +25,18 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BatchSamplerShard",
+    "DataLoaderAdapter",
     "DataLoaderConfiguration",
     "DataLoaderDispatcher",
     "DataLoaderShard",
+    "DataLoaderStateMixin",
     "IterableDatasetShard",
     "IterationObserver",
     "SeedableRandomSampler",
+    "SkipBatchSampler",
+    "SkipDataLoader",
     "find_batch_size",
+    "get_sampler",
     "prepare_data_loader",
     "send_to_device",
     "skip_first_batches",

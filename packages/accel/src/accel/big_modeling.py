@@ -1,6 +1,7 @@
-"""Familiar path `accelerate.big_modeling`: re-exports from accel-bigmodel."""
+"""Familiar path `accelerate.big_modeling`: re-exports from the packages that own the code."""
 
 from accel_bigmodel import (
+    attach_layerwise_casting_hooks,
     cpu_offload,
     cpu_offload_with_hook,
     disk_offload,
@@ -11,6 +12,7 @@ from accel_bigmodel import (
 )
 
 __all__ = [
+    "attach_layerwise_casting_hooks",
     "cpu_offload",
     "cpu_offload_with_hook",
     "disk_offload",

@@ -1,4 +1,4 @@
-"""Familiar path `accelerate.logging`."""
+"""Familiar path `accelerate.logging`: re-exports from the packages that own the code."""
 
 from accel._logging import MultiProcessAdapter, get_logger
 

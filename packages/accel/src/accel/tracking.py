@@ -1,5 +1,6 @@
-"""Familiar path `accelerate.tracking`: re-exports from accel-tracking."""
+"""Familiar path `accelerate.tracking`: re-exports from the packages that own the code."""
 
+from accel_state import on_main_process
 from accel_tracking import (
     AimTracker,
     ClearMLTracker,
@@ -16,6 +17,7 @@ from accel_tracking import (
     get_tracker,
     register_tracker_class,
 )
+from accel_tracking import available_trackers as get_available_trackers
 
 __all__ = [
     "AimTracker",
@@ -30,6 +32,8 @@ __all__ = [
     "TrackioTracker",
     "WandBTracker",
     "filter_trackers",
+    "get_available_trackers",
     "get_tracker",
+    "on_main_process",
     "register_tracker_class",
 ]

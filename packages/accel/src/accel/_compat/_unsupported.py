@@ -1,0 +1,52 @@
+"""Stand-ins for names of features accel deliberately leaves out: importable, failing on use."""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn
+
+
+def _message(name: str, feature: str, alternative: str) -> str:
+    return f"{name} belongs to {feature}, which accel does not provide. {alternative}"
+
+
+def unsupported(name: str, feature: str, alternative: str) -> Any:
+    """A class (for a capitalized name) or a function named `name` that raises
+    NotImplementedError naming `feature` and `alternative` when instantiated or called."""
+    message = _message(name, feature, alternative)
+
+    def fail(*args: Any, **kwargs: Any) -> NoReturn:
+        raise NotImplementedError(message)
+
+    if name[:1].isupper():
+        return type(name, (), {"__init__": fail, "__doc__": message})
+    fail.__name__ = fail.__qualname__ = name
+    fail.__doc__ = message
+    return fail
+
+
+def unsupported_names(names: list[str], feature: str, alternative: str) -> dict[str, Any]:
+    """`unsupported` for each of `names`, as a dict to merge into a module's globals."""
+    return {name: unsupported(name, feature, alternative) for name in names}
+
+
+TPU = ("TPU / torch_xla", "Run on CPU or GPU, or use torch_xla directly.")
+SAGEMAKER = ("Amazon SageMaker launching", "Launch with `accel launch` inside the job instead.")
+MEGATRON = ("Megatron-LM", "Use FSDP2 (FullyShardedDataParallelPlugin) or tensor parallelism.")
+BNB = ("bitsandbytes quantization", "Quantize with the bitsandbytes or transformers APIs directly.")
+MSAMP = ("MS-AMP", "Use mixed_precision='fp8' with TransformerEngine or torchao.")
+DEEPSPEED = ("DeepSpeed integration (not built yet)", "Use FSDP2 (FullyShardedDataParallelPlugin).")
+PIPPY = ("PiPPy pipeline inference", "Use torch.distributed.pipelining directly.")
+PARALLELISM = ("ParallelismConfig (2-D device meshes, not built yet)",
+               "Use FullyShardedDataParallelPlugin or DDP.")  # fmt: skip
+FSDP_INTERNAL = (
+    "accelerate's FSDP internals",
+    "accel's FSDP2 strategy does this inside prepare(), save_state() and load_state().",
+)
+LAUNCH_ENV = (
+    "accelerate's launch-environment builders",
+    "`accel launch` builds one torchrun command (see `accel launch --dry-run`).",
+)
+FP8_INTERNAL = (
+    "accelerate's fp8 conversion internals",
+    "Use Accelerator(mixed_precision='fp8') with TERecipeKwargs or AORecipeKwargs.",
+)

@@ -1,0 +1,9 @@
+"""Familiar path `accelerate.commands.env`: re-exports from the packages that own the code."""
+
+from accel._compat._misc import cli_command, cli_main, cli_parser
+
+env_command = cli_command("env_command")
+env_command_parser = cli_parser("env")
+main = cli_main("env")
+
+__all__ = ["env_command", "env_command_parser", "main"]

@@ -1,0 +1,9 @@
+"""Familiar path `accelerate.commands.merge`: re-exports from the packages that own the code."""
+
+from accel._compat._misc import cli_command, cli_main, cli_parser
+
+main = cli_main("merge-weights")
+merge_command = cli_command("merge_weights_command")
+merge_command_parser = cli_parser("merge-weights")
+
+__all__ = ["main", "merge_command", "merge_command_parser"]

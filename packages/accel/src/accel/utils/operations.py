@@ -1,0 +1,63 @@
+"""Familiar path `accelerate.utils.operations`: re-exports from the packages that own the code."""
+
+from accel._compat._constants import TORCH_DISTRIBUTED_OPERATION_TYPES
+from accel._compat._left_out import GatheredParameters
+from accel._compat._operations import (
+    CannotPadNestedTensorWarning,
+    convert_to_fp32,
+    copy_tensor_to_devices,
+    find_device,
+    get_data_structure,
+    ignorant_find_batch_size,
+    initialize_tensors,
+    is_tensor_information,
+    listify,
+    pad_input_tensors,
+    slice_tensors,
+)
+from accel_precision import convert_outputs_to_fp32
+from accel_state import (
+    broadcast,
+    broadcast_object_list,
+    concatenate,
+    find_batch_size,
+    gather,
+    gather_object,
+    honor_type,
+    is_namedtuple,
+    is_torch_tensor,
+    pad_across_processes,
+    recursively_apply,
+    reduce,
+    send_to_device,
+)
+
+__all__ = [
+    "TORCH_DISTRIBUTED_OPERATION_TYPES",
+    "CannotPadNestedTensorWarning",
+    "GatheredParameters",
+    "broadcast",
+    "broadcast_object_list",
+    "concatenate",
+    "convert_outputs_to_fp32",
+    "convert_to_fp32",
+    "copy_tensor_to_devices",
+    "find_batch_size",
+    "find_device",
+    "gather",
+    "gather_object",
+    "get_data_structure",
+    "honor_type",
+    "ignorant_find_batch_size",
+    "initialize_tensors",
+    "is_namedtuple",
+    "is_tensor_information",
+    "is_torch_tensor",
+    "listify",
+    "pad_across_processes",
+    "pad_input_tensors",
+    "recursively_apply",
+    "reduce",
+    "send_to_device",
+    "slice_tensors",
+]

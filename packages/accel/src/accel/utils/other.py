@@ -1,0 +1,44 @@
+"""Familiar path `accelerate.utils.other`: re-exports from the packages that own the code."""
+
+from accel._compat._left_out import compile_regions_deepspeed, compile_regions_fsdp2
+from accel._compat._other import (
+    check_os_kernel,
+    clean_state_dict_for_safetensors,
+    compile_regions,
+    convert_bytes,
+    extract_model_from_parallel,
+    get_model_tp_size,
+    get_module_children_bottom_up,
+    get_pretty_name,
+    has_compiled_regions,
+    is_compiled_module,
+    is_port_in_use,
+    load,
+    merge_dicts,
+    model_has_dtensor,
+    recursive_getattr,
+    save,
+)
+from accel_state import wait_for_everyone
+
+__all__ = [
+    "check_os_kernel",
+    "clean_state_dict_for_safetensors",
+    "compile_regions",
+    "compile_regions_deepspeed",
+    "compile_regions_fsdp2",
+    "convert_bytes",
+    "extract_model_from_parallel",
+    "get_model_tp_size",
+    "get_module_children_bottom_up",
+    "get_pretty_name",
+    "has_compiled_regions",
+    "is_compiled_module",
+    "is_port_in_use",
+    "load",
+    "merge_dicts",
+    "model_has_dtensor",
+    "recursive_getattr",
+    "save",
+    "wait_for_everyone",
+]
