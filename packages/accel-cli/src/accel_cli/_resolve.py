@@ -200,23 +200,41 @@ class Resolution:
     """A resolved config, where each value came from, and the notices to print."""
 
     config: LaunchConfig
-    sources: dict[str, str]  # field -> "flag", "file" or "default"
+    sources: dict[str, str]  # field -> "flag", "slurm", "file" or "default"
     notices: list[str]
 
 
-def resolve_launch_config(flags: Mapping[str, Any], file: ConfigFile | None = None) -> Resolution:
-    """Merge flags (only those the user gave) over a config file over the defaults."""
+def resolve_launch_config(
+    flags: Mapping[str, Any],
+    file: ConfigFile | None = None,
+    slurm: Mapping[str, Any] | None = None,
+) -> Resolution:
+    """Merge flags (only those the user gave) over the SLURM allocation's values (see
+    `_slurm`) over a config file over the defaults."""
     unknown = set(flags) - {f.name for f in dataclasses.fields(LaunchConfig)}
     assert not unknown, f"not LaunchConfig fields: {unknown}"
+    slurm = slurm or {}
     file_values = dict(file.values) if file is not None else {}
     if file_values.get("num_processes") == -1:  # accelerate's "not set"
         del file_values["num_processes"]
     chosen: dict[str, Any] = {}
     sources: dict[str, str] = {}
     notices: list[str] = []
-    given = [f.name for f in dataclasses.fields(LaunchConfig) if f.name in {*flags, *file_values}]
+    given = [
+        f.name for f in dataclasses.fields(LaunchConfig) if f.name in {*flags, *slurm, *file_values}
+    ]
     for name in given:  # in field order, so notices come out in a stable order
-        if name in flags:
+        if name not in flags and name in slurm:
+            chosen[name], sources[name] = slurm[name], "slurm"
+            if name in file_values:
+                key = _FIELD_TO_KEY[name]
+                from_file = coerce(name, file_values[name], f"{key} in {str(file.path)!r}")
+                if from_file != slurm[name]:
+                    notices.append(
+                        f"the SLURM allocation sets {name} {_show(slurm[name])} over {key}: "
+                        f"{_show(from_file)} from {file.path}"
+                    )
+        elif name in flags:
             value = coerce(name, flags[name], f"--{name}")
             chosen[name], sources[name] = value, "flag"
             if name in file_values:

@@ -20,6 +20,10 @@ ENV_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 ENV_GROUP_RANK = "GROUP_RANK"
 ENV_MASTER_ADDR = "MASTER_ADDR"
 ENV_MASTER_PORT = "MASTER_PORT"
+# torchrun's elastic agent: how many times it restarted the workers, and whether the agent
+# itself serves the TCPStore at MASTER_ADDR:MASTER_PORT ("True").
+ENV_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+ENV_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 # SLURM (srun)
 ENV_SLURM_PROCID = "SLURM_PROCID"
 ENV_SLURM_NTASKS = "SLURM_NTASKS"
@@ -62,6 +66,10 @@ class LaunchInfo:
     node_rank: int = 0
     master_addr: str | None = None
     master_port: int | None = None
+    # Set under torchrun's elastic agent: the restart attempt (0 for the first start) and
+    # whether the agent serves the store at master_addr:master_port.
+    restart_count: int | None = None
+    agent_store: bool = False
 
 
 def _int(environ: Mapping[str, str], name: str, default: int | None = None) -> int | None:
@@ -113,6 +121,8 @@ def detect_launch(environ: Mapping[str, str] | None = None) -> LaunchInfo:
             node_rank=_int(env, ENV_GROUP_RANK, 0),
             master_addr=addr,
             master_port=port,
+            restart_count=_int(env, ENV_RESTART_COUNT),
+            agent_store=env.get(ENV_USE_AGENT_STORE) == "True",
         )
     if ENV_SLURM_PROCID in env and ENV_SLURM_NTASKS in env:
         nodelist = env.get(ENV_SLURM_NODELIST) or env.get(ENV_SLURM_NODELIST_OLD)

@@ -330,6 +330,15 @@ def _build_topology(
     if device.type != "cpu":
         torch.get_device_module(device.type).set_device(device)
     extra = {"timeout": pg_kwargs.timeout} if pg_kwargs.timeout is not None else {}
+    if pg_kwargs.init_method is None and info.restart_count is not None:
+        # Under torchrun's agent: a fresh key space per restart attempt (see _store).
+        from torch.distributed.constants import default_pg_timeout
+
+        from accel_state._store import attempt_store
+
+        timeout = pg_kwargs.timeout or default_pg_timeout
+        extra["store"] = attempt_store(info, timeout)  # type: ignore[arg-type]
+        init_method = None
     dist.init_process_group(
         backend=chosen,
         init_method=init_method,

@@ -46,6 +46,28 @@ def release_memory(*objects: Any) -> list[None]:
     return [None] * len(objects)
 
 
+# What one attempt did, ordered so that the worst outcome on any process wins.
+_OK, _OOM, _FAILED = 0, 1, 2
+
+
+def _agreed_outcome(outcome: int) -> int:
+    """The worst outcome of this attempt over every process of the default group (this
+    process's own when there is no group), so that all retry with the same batch size."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return outcome
+    backend = str(dist.get_backend())
+    device = torch.device("cpu")
+    if backend != "gloo":
+        acc = torch.accelerator.current_accelerator() if hasattr(torch, "accelerator") else None
+        if acc is not None:
+            device = torch.device(acc.type, torch.get_device_module(acc.type).current_device())
+    flag = torch.tensor([outcome], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return int(flag.item())
+
+
 def find_executable_batch_size(
     function: Callable[..., Any] | None = None,
     starting_batch_size: int = 128,
@@ -58,6 +80,12 @@ def find_executable_batch_size(
     warning), down to `minimum_batch_size`, after which the last OOM is raised with a clear
     message. The decorated function takes `batch_size` as its first argument; callers do
     not pass it.
+
+    With a process group, the processes agree after each attempt (one small all-reduce):
+    an OOM on any of them makes all of them retry with the same smaller size, and another
+    error on one stops them all, instead of leaving the others waiting in a collective.
+    An OOM inside a collective of `function` itself cannot be rescued this way: the other
+    processes wait there for the failed one.
     """
     if function is None:
         return functools.partial(
@@ -79,23 +107,37 @@ def find_executable_batch_size(
             )
         batch_size = starting_batch_size
         while True:
+            error: BaseException | None = None
             try:
-                return function(batch_size, *args, **kwargs)
+                result = function(batch_size, *args, **kwargs)
             except Exception as err:
-                if not should_reduce_batch_size(err):
-                    raise
-                clear_device_cache(garbage_collection=True)
-                smaller = min(batch_size - 1, int(batch_size * reduce_factor))
-                if smaller < minimum_batch_size:
-                    raise RuntimeError(
-                        f"No executable batch size found: out of memory at batch size "
-                        f"{batch_size}, and the minimum is {minimum_batch_size}."
-                    ) from err
-                warnings.warn(
-                    f"find_executable_batch_size: out of memory at batch size {batch_size}; "
-                    f"retrying with {smaller}.",
-                    stacklevel=2,
-                )
-                batch_size = smaller
+                error = err
+            outcome = _agreed_outcome(
+                _OK if error is None else _OOM if should_reduce_batch_size(error) else _FAILED
+            )
+            if outcome == _OK:
+                return result
+            if outcome == _FAILED:
+                if error is not None and not should_reduce_batch_size(error):
+                    raise error
+                raise RuntimeError(
+                    f"find_executable_batch_size: another process failed at batch size "
+                    f"{batch_size} with an error other than out of memory (see its traceback); "
+                    f"stopping here too."
+                ) from error
+            clear_device_cache(garbage_collection=True)
+            smaller = min(batch_size - 1, int(batch_size * reduce_factor))
+            if smaller < minimum_batch_size:
+                raise RuntimeError(
+                    f"No executable batch size found: out of memory at batch size "
+                    f"{batch_size}, and the minimum is {minimum_batch_size}."
+                ) from error
+            where = "" if error is not None else " on another process"
+            warnings.warn(
+                f"find_executable_batch_size: out of memory{where} at batch size "
+                f"{batch_size}; retrying with {smaller}.",
+                stacklevel=2,
+            )
+            batch_size = smaller
 
     return run
