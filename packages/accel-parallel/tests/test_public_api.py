@@ -9,13 +9,17 @@ EXPECTED = [
     "ProcessInfo",
     "SingleDeviceStrategy",
     "Strategy",
+    "add_job",
     "deferred_fsync",
+    "deferred_write",
     "fsync_dir",
     "fsync_file",
     "no_sync_all",
     "register_comm_hook",
     "save_object",
     "select_strategy",
+    "staged_writes",
+    "staging",
 ]
 
 

@@ -287,3 +287,90 @@ def test_save_model_shards_reload_through_load_checkpoint_and_dispatch(tmp_path:
     assert loaded.head.weight is loaded.embed.weight
     acc.save_model(model, tmp_path / "export", safe_serialization=True)  # one file now
     assert sorted(p.name for p in (tmp_path / "export").iterdir()) == ["model.safetensors"]
+
+
+def test_async_save_writes_the_state_of_its_moment_and_completes_in_the_background(
+    tmp_path: Path,
+) -> None:
+    from accel._io import read_weights
+
+    acc = Accelerator(cpu=True, project_config=ProjectConfiguration(
+        project_dir=str(tmp_path), automatic_checkpoint_naming=True, async_save=True))  # fmt: skip
+    torch.manual_seed(0)
+    model = nn.Linear(256, 256)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model, opt = acc.prepare(model, opt)
+    x = torch.randn(8, 256)
+    acc.backward(model(x).pow(2).mean())
+    opt.step()
+    opt.zero_grad()
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    first = Path(acc.save_state())
+    for _ in range(3):  # training goes on while the files are written
+        acc.backward(model(x).pow(2).mean())
+        opt.step()
+        opt.zero_grad()
+    acc.wait_for_checkpoint()
+    assert (first / "accel_checkpoint.json").exists() and first.name == "checkpoint_0"
+    saved = read_weights(first / "model")
+    assert all(torch.equal(saved[k], v) for k, v in expected.items())  # not the later weights
+    now = {k: v.clone() for k, v in model.state_dict().items()}
+    second = Path(acc.save_state())  # the next save and load wait for the one in flight
+    with torch.no_grad():
+        model.weight.zero_()
+    assert acc.load_state() == str(second) and second.name == "checkpoint_1"
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in now.items())
+
+
+ASYNC_KILL_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    import torch
+    from accel import Accelerator, ProjectConfiguration
+
+    class Boom:
+        def __reduce__(self):  # pickled by the background writer: the process dies there
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    class Holder:
+        def state_dict(self):
+            return {"x": Boom()}
+        def load_state_dict(self, state):
+            pass
+
+    acc = Accelerator(cpu=True, project_config=ProjectConfiguration(
+        project_dir=sys.argv[1], automatic_checkpoint_naming=True, async_save=True))
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = acc.prepare(model, opt)
+    acc.save_state()  # checkpoint_0
+    acc.wait_for_checkpoint()
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    acc.register_for_checkpointing(Holder())
+    acc.save_state()  # checkpoint_1: returns at once, then the writer kills the process
+    print("save_state returned", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def test_a_process_killed_during_an_async_save_leaves_the_previous_checkpoint(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "kill_async.py"
+    script.write_text(ASYNC_KILL_SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True
+    )
+    assert proc.returncode == -9, proc.stderr
+    assert "save_state returned" in proc.stdout  # the save did not block the loop
+    root = tmp_path / "checkpoints"
+    assert (root / ".checkpoint_1.incomplete").exists()
+    assert not (root / ".checkpoint_1.incomplete" / "accel_checkpoint.json").exists()
+    acc, model, opt = _simple(tmp_path, automatic_checkpoint_naming=True)
+    with pytest.warns(UserWarning, match="ignoring incomplete checkpoints"):
+        assert acc.load_state().endswith("checkpoint_0")
+    torch.manual_seed(0)
+    assert torch.equal(model.weight, nn.Linear(3, 2).weight)

@@ -92,7 +92,12 @@ def _train(acc: Any, model: Any, opt: Any, steps: range, accum: int = 1) -> floa
 
 
 def _variant(plugin_kwargs: dict, mixed: str = "no", accum: int = 1) -> dict:
-    from accel import Accelerator, AcceleratorState, FullyShardedDataParallelPlugin
+    from accel import (
+        Accelerator,
+        AcceleratorState,
+        FullyShardedDataParallelPlugin,
+        init_empty_weights,
+    )
 
     AcceleratorState._reset_state()  # the process group stays; the next Accelerator adopts it
     acc = Accelerator(
@@ -101,7 +106,11 @@ def _variant(plugin_kwargs: dict, mixed: str = "no", accum: int = 1) -> dict:
         gradient_accumulation_steps=accum,
         fsdp_plugin=FullyShardedDataParallelPlugin(**plugin_kwargs),
     )
-    model = make_net()
+    if plugin_kwargs.get("cpu_ram_efficient_loading") and acc.process_index != 0:
+        with init_empty_weights():  # only rank 0 holds the weights; the others get theirs
+            model = Net()
+    else:
+        model = make_net()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)  # made before prepare, on the full model
     model, opt = acc.prepare(model, opt)
     norm = _train(acc, model, opt, range(STEPS), accum)
@@ -125,6 +134,7 @@ def _variants_and_save(folder: str) -> dict:
         "offload": _variant({"cpu_offload": True}),
         "bf16": _variant({}, mixed="bf16"),
         "no_reshard": _variant({"reshard_after_forward": False, "auto_wrap_policy": "no_wrap"}),
+        "efficient": _variant({"cpu_ram_efficient_loading": True}),
     }
     out["resume"] = _resume(folder, "first")
     out["llama"] = _llama(folder + "_llama")
@@ -190,6 +200,8 @@ def _resume(folder: str, phase: str) -> dict:
         result["saved_state"] = acc.get_state_dict(model)
         acc.save_state(folder)
         acc.save_model(model, folder + "_export")  # full weights, written by the main process
+        # the same state saved asynchronously: staged now, written while training goes on
+        acc.save_state(folder + "_async", async_save=True)
         import os
 
         result["files"] = sorted(os.listdir(folder))
@@ -200,6 +212,7 @@ def _resume(folder: str, phase: str) -> dict:
     for step in range(start, STEPS):
         _train(acc, model, opt, range(step, step + 1))
         sched.step()
+    acc.wait_for_checkpoint()
     result["state"] = acc.get_state_dict(model)
     result["lr"] = sched.get_last_lr()
     return result
@@ -211,7 +224,12 @@ def two_ranks(tmp_path_factory) -> dict:
     results = run_distributed(_variants_and_save, folder, world_size=2, timeout=300)
     again = run_distributed(_resume, folder, "again", world_size=2, timeout=300)
     resharded = run_distributed(_resume, folder, "again", world_size=1, timeout=300)
-    return {"ranks": results, "again": again, "resharded": resharded[0], "folder": folder}
+    # and the other way: saved by 1 process, resumed by 2
+    single = str(tmp_path_factory.mktemp("fsdp1") / "ckpt")
+    (one,) = run_distributed(_resume, single, "first", world_size=1, timeout=300)
+    widened = run_distributed(_resume, single, "again", world_size=2, timeout=300)[0]
+    return {"ranks": results, "again": again, "resharded": resharded[0], "folder": folder,
+            "one": one, "widened": widened}  # fmt: skip
 
 
 def _assert_state_close(state: dict, expected: dict, **tol: float) -> None:
@@ -223,7 +241,7 @@ def _assert_state_close(state: dict, expected: dict, **tol: float) -> None:
 def test_two_process_fsdp2_equals_one_process(two_ranks):
     expected, norm = reference()
     rank0, rank1 = two_ranks["ranks"]
-    for name in ("fp32", "accumulate", "checkpointing", "offload", "no_reshard"):
+    for name in ("fp32", "accumulate", "checkpointing", "offload", "no_reshard", "efficient"):
         _assert_state_close(rank0[name]["state"], expected, rtol=1e-5, atol=1e-6)
         assert rank1[name]["state"] == {}  # the full state dict is on the main process
     assert rank0["fp32"]["norm"] == pytest.approx(norm, rel=1e-5)  # the global norm
@@ -255,6 +273,11 @@ def test_sharded_checkpoint_resumes_exactly_and_on_another_world_size(two_ranks)
     resharded = two_ranks["resharded"]
     _assert_state_close(resharded["state"], first["state"], rtol=1e-5, atol=1e-6)
     assert resharded["lr"] == first["lr"]
+    # 1 -> 2 processes
+    one, widened = two_ranks["one"], two_ranks["widened"]
+    _assert_state_close(widened["state"], one["state"], rtol=1e-5, atol=1e-6)
+    _assert_state_close(one["state"], first["state"], rtol=1e-5, atol=1e-6)
+    assert widened["lr"] == one["lr"]
 
 
 def test_plugin_translates_fsdp1_settings_and_refuses_what_it_cannot():
@@ -297,6 +320,9 @@ def test_save_model_and_merge_weights_give_plain_safetensors(two_ranks, tmp_path
     _assert_state_close(load_file(out / "model.safetensors"), saved, rtol=0.0, atol=0.0)
     assert main(["merge-weights", two_ranks["folder"] + "/model_fsdp", str(tmp_path / "cli")]) == 0
     _assert_state_close(load_file(tmp_path / "cli/model.safetensors"), saved, rtol=0.0, atol=0.0)
+    # the asynchronous save of the same moment holds the same weights
+    out = merge_fsdp_weights(two_ranks["folder"] + "_async", tmp_path / "async")
+    _assert_state_close(load_file(out / "model.safetensors"), saved, rtol=0.0, atol=0.0)
     with pytest.raises(FileNotFoundError, match="not a sharded model folder"):
         merge_fsdp_weights(tmp_path, tmp_path / "nothing")
 

@@ -45,6 +45,7 @@ from accel_cli._parser import _LAUNCH_FLAGS, build_parser, suggest_flag
 from accel_cli._refusals import check_launch, with_flag_sections
 from accel_cli._resolve import Resolution, resolve_launch_config
 from accel_cli._run import run_child
+from accel_cli._slurm import slurm_launch_values
 
 _LAUNCH_FIELDS = ("cpu", "mixed_precision", *(name for name, _, _ in _LAUNCH_FLAGS))
 
@@ -86,6 +87,11 @@ _FIELD_FLAGS = (
 )
 
 
+def _slurm(flags: Mapping[str, object]) -> dict[str, object]:
+    """The SLURM allocation's machines, unless --num_machines takes the topology in hand."""
+    return {} if "num_machines" in flags else slurm_launch_values(os.environ)
+
+
 def launch_command(args: argparse.Namespace) -> int:
     """`accel launch`: resolve the configuration, refuse what accel does not provide, then
     run the script, torchrun or mpirun."""
@@ -98,7 +104,7 @@ def launch_command(args: argparse.Namespace) -> int:
     file = _load(args.config_file, os.environ)
     if flags.get("multi_gpu"):
         flags.update(_multi_gpu_processes(flags, file))
-    resolution = resolve_launch_config(flags, file)
+    resolution = resolve_launch_config(flags, file, _slurm(flags))
     check_launch(resolution.config, given, file)
     _report(file, resolution, args.quiet)
     config = with_rendezvous(with_flag_sections(resolution.config, given))
@@ -114,7 +120,8 @@ def launch_command(args: argparse.Namespace) -> int:
                 print(f"{name}={env[name]}")
         print(f"{ENV_ACCEL_CONFIG}={env[ENV_ACCEL_CONFIG]}")
         return 0
-    return run_child(cmd, env)
+    torchrun = config.distributed and config.mpirun_hostfile is None
+    return run_child(cmd, env, through_torchrun=torchrun)
 
 
 def _multi_gpu_processes(flags: Mapping[str, object], file: ConfigFile | None) -> dict:
@@ -222,7 +229,7 @@ def config_show_command(args: argparse.Namespace) -> int:
         name: getattr(args, name) for name in _LAUNCH_FIELDS if getattr(args, name) is not None
     }
     file = _load(args.config_file, os.environ)
-    resolution = resolve_launch_config(flags, file)
+    resolution = resolve_launch_config(flags, file, _slurm(flags))
     shown = shown_values(resolution, file, os.environ)
     if args.json:
         where = None if file is None else {"path": str(file.path), "origin": file.origin}

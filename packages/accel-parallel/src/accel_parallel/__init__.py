@@ -12,7 +12,16 @@ from accel_parallel._ddp import (
 )
 from accel_parallel._fsdp import FSDP2Strategy
 from accel_parallel._fsdp_plugin import FullyShardedDataParallelPlugin
-from accel_parallel._io import deferred_fsync, fsync_dir, fsync_file, save_object
+from accel_parallel._io import (
+    add_job,
+    deferred_fsync,
+    deferred_write,
+    fsync_dir,
+    fsync_file,
+    save_object,
+    staged_writes,
+    staging,
+)
 from accel_parallel._select import select_strategy
 from accel_parallel._single import SingleDeviceStrategy
 from accel_parallel._strategy import ProcessInfo, Strategy, no_sync_all
@@ -28,11 +37,15 @@ __all__ = [
     "ProcessInfo",
     "SingleDeviceStrategy",
     "Strategy",
+    "add_job",
     "deferred_fsync",
+    "deferred_write",
     "fsync_dir",
     "fsync_file",
     "no_sync_all",
     "register_comm_hook",
     "save_object",
     "select_strategy",
+    "staged_writes",
+    "staging",
 ]

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from accel_parallel._fsdp_plugin import FullyShardedDataParallelPlugin
+from accel_parallel._io import add_job, staging
 from accel_parallel._strategy import ProcessInfo, Strategy
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -60,6 +61,7 @@ class FSDP2Strategy(Strategy):
         self.mixed_precision = mixed_precision
         self._mesh: Any = None
         self._optimizer_models: dict[int, nn.Module] = {}
+        self._checkpoint_groups: dict[str, Any] = {}
 
     # -- preparing -----------------------------------------------------------------------
     def _device_mesh(self) -> Any:
@@ -384,6 +386,24 @@ class FSDP2Strategy(Strategy):
             param.grad = local
 
     # -- files ---------------------------------------------------------------------------------
+    def _dcp_save(self, state: dict[str, Any], folder: Path) -> None:
+        """dcp.save, or, for an asynchronous checkpoint, dcp.async_save (the state is staged in
+        CPU memory now, written in the background on a gloo group of its own, so that its
+        collectives never interleave with the training's or another piece's)."""
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+
+        if not staging():
+            dcp.save(state, checkpoint_id=folder)
+            return
+        # One group per piece (model, optimizer, ...): their background saves run at the same
+        # time, and collectives of one group never interleave with another's.
+        group = self._checkpoint_groups.get(folder.name)
+        if group is None:
+            group = self._checkpoint_groups[folder.name] = dist.new_group(backend="gloo")
+        future = dcp.async_save(state, checkpoint_id=folder, process_group=group)
+        add_job(future.result)
+
     def _sharded(self) -> bool:
         return self.plugin.state_dict_type == "SHARDED_STATE_DICT"
 
@@ -400,10 +420,9 @@ class FSDP2Strategy(Strategy):
             return super().save_model_files(
                 model, directory, name, writer=writer, write_full=write_full
             )
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-        dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=directory / f"{name}_fsdp")
+        self._dcp_save({"model": get_model_state_dict(model)}, directory / f"{name}_fsdp")
         return None
 
     def load_model_files(
@@ -441,7 +460,6 @@ class FSDP2Strategy(Strategy):
         writer: bool,
         model: nn.Module | None = None,
     ) -> None:
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
         model = self._model_for(optimizer, model)
@@ -450,7 +468,7 @@ class FSDP2Strategy(Strategy):
                 optimizer, directory, name, writer=writer, model=model
             )
         state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
-        dcp.save(state, checkpoint_id=directory / f"{name}_fsdp")
+        self._dcp_save(state, directory / f"{name}_fsdp")
         return None
 
     def load_optimizer_files(

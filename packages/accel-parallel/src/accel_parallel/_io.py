@@ -3,6 +3,10 @@
 Inside `deferred_fsync()`, `fsync_file` hands the fsync to background threads and returns at
 once, so a file's flush to disk overlaps the writing of the next one; leaving the block waits
 for every fsync (and raises the first error), so durability is unchanged for the caller.
+
+Inside `staged_writes()` (an asynchronous checkpoint), `deferred_write` copies what it is
+given to CPU memory and queues the write instead of doing it; the caller runs the queued jobs
+later, in a background thread.
 """
 
 from __future__ import annotations
@@ -10,12 +14,15 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
 
+_STAGED: contextvars.ContextVar[list[Callable[[], Any]] | None] = contextvars.ContextVar(
+    "accel_staged_writes", default=None
+)
 _DEFERRED: contextvars.ContextVar[tuple[ThreadPoolExecutor, list[Future]] | bool | None] = (
     contextvars.ContextVar("accel_deferred_fsync", default=None)
 )
@@ -78,7 +85,63 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def save_object(obj: Any, path: str | os.PathLike[str]) -> None:
-    """torch.save, then fsync."""
+def _write_object(obj: Any, path: str | os.PathLike[str]) -> None:
     torch.save(obj, path)
     fsync_file(path)
+
+
+def save_object(obj: Any, path: str | os.PathLike[str]) -> None:
+    """torch.save, then fsync (queued, on a CPU copy, inside `staged_writes`)."""
+    deferred_write(_write_object, obj, path)
+
+
+def _cpu_copy(obj: Any, memo: dict[int, torch.Tensor] | None = None) -> Any:
+    """`obj` with every tensor copied to CPU memory (containers rebuilt, the rest shared); a
+    tensor met twice (tied weights) is copied once, so the copies stay tied."""
+    memo = {} if memo is None else memo
+    if isinstance(obj, torch.Tensor):
+        if id(obj) not in memo:
+            memo[id(obj)] = obj.detach().to("cpu", copy=True)
+        return memo[id(obj)]
+    if isinstance(obj, dict):
+        return type(obj)((k, _cpu_copy(v, memo)) for k, v in obj.items())
+    if isinstance(obj, list | tuple) and not hasattr(obj, "_fields"):
+        return type(obj)(_cpu_copy(v, memo) for v in obj)
+    return obj
+
+
+@contextlib.contextmanager
+def staged_writes() -> Iterator[list[Callable[[], Any]]]:
+    """Collect the writes of the block as jobs (on CPU copies) instead of doing them."""
+    jobs: list[Callable[[], Any]] = []
+    token = _STAGED.set(jobs)
+    try:
+        yield jobs
+    finally:
+        _STAGED.reset(token)
+
+
+def staging() -> bool:
+    """Whether writes are being staged for a background thread (`staged_writes`)."""
+    return _STAGED.get() is not None
+
+
+def add_job(job: Callable[[], Any]) -> None:
+    """Queue `job` with the staged writes (run it now when nothing is staged)."""
+    jobs = _STAGED.get()
+    if jobs is None:
+        job()
+    else:
+        jobs.append(job)
+
+
+def deferred_write(
+    write: Callable[[Any, Any], None], obj: Any, path: str | os.PathLike[str]
+) -> None:
+    """`write(obj, path)` now, or, inside `staged_writes`, later on a CPU copy of `obj`."""
+    jobs = _STAGED.get()
+    if jobs is None:
+        write(obj, path)
+        return
+    copy = _cpu_copy(obj)
+    jobs.append(lambda: write(copy, path))

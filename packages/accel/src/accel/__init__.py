@@ -6,6 +6,8 @@ re-exported from the packages that own them.
 
 from accel._accelerator import Accelerator
 from accel._accelerator_state import AcceleratorState
+from accel._compat._imports import is_rich_available
+from accel._compat._left_out import DeepSpeedPlugin, ParallelismConfig, prepare_pippy
 from accel._config import ProfileKwargs, ProjectConfiguration
 from accel._dynamo import TorchDynamoPlugin
 from accel._gradient_state import GradientAccumulationPlugin, GradientState
@@ -21,6 +23,7 @@ from accel_bigmodel import (
     init_empty_weights,
     init_on_device,
     load_checkpoint_and_dispatch,
+    load_checkpoint_in_model,
 )
 from accel_data import DataLoaderConfiguration, skip_first_batches
 from accel_parallel import (
@@ -53,6 +56,7 @@ __all__ = [
     "AutocastKwargs",
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",
+    "DeepSpeedPlugin",
     "DistributedDataParallelKwargs",
     "DistributedType",
     "FP8RecipeKwargs",
@@ -61,6 +65,7 @@ __all__ = [
     "GradientAccumulationPlugin",
     "GradientState",
     "InitProcessGroupKwargs",
+    "ParallelismConfig",
     "PartialState",
     "ProfileKwargs",
     "ProjectConfiguration",
@@ -75,8 +80,11 @@ __all__ = [
     "infer_auto_device_map",
     "init_empty_weights",
     "init_on_device",
+    "is_rich_available",
     "load_checkpoint_and_dispatch",
+    "load_checkpoint_in_model",
     "notebook_launcher",
+    "prepare_pippy",
     "release_memory",
     "skip_first_batches",
     "synchronize_rng_states",

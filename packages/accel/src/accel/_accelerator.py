@@ -25,6 +25,7 @@ from accel._checkpointing import CheckpointingMixin
 from accel._config import ProfileKwargs, ProjectConfiguration, sort_kwargs_handlers
 from accel._dynamo import TorchDynamoPlugin, compile_model, resolve_dynamo_plugin
 from accel._gradient_state import GradientAccumulationPlugin, GradientState
+from accel._stopping import StoppingMixin
 from accel._tracking_mixin import TrackingMixin
 from accel._wrappers import AcceleratedOptimizer, AcceleratedScheduler
 from accel_data import DataLoaderConfiguration, prepare_data_loader, skip_first_batches
@@ -50,7 +51,7 @@ def _from_launch(name: str, code_value: Any, default: Any) -> Any:
     return code_value
 
 
-class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin):
+class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMixin):
     """Runs an ordinary PyTorch training loop unchanged on one or many processes."""
 
     def __init__(
@@ -345,14 +346,11 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin):
         self.strategy.clip_grad_value_(parameters, clip_value)
 
     def autocast(self, autocast_handler: Any = None) -> contextlib.AbstractContextManager[Any]:
-        """The precision's autocast. Per-call AutocastKwargs are not supported: pass them once
-        in `kwargs_handlers` (a handler given here raises rather than being ignored)."""
-        if autocast_handler is not None:
-            raise ValueError(
-                "accelerator.autocast(autocast_handler=...) is not supported; pass the "
-                "AutocastKwargs in Accelerator(kwargs_handlers=[...]) instead."
-            )
-        return self.precision.autocast()
+        """The precision's autocast; an `AutocastKwargs` given here applies to this block only
+        (in place of the one from `kwargs_handlers`)."""
+        if autocast_handler is None or not hasattr(self.precision, "autocast_kwargs"):
+            return self.precision.autocast()
+        return _autocast_with(self.precision, autocast_handler)
 
     # -- collectives ----------------------------------------------------------------------------
     def gather(self, tensor: Any) -> Any:
@@ -461,6 +459,18 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin):
 
     def __repr__(self) -> str:
         return f"Accelerator(strategy={self.strategy.name}, mixed_precision={self.mixed_precision!r}, state={self.state!r})"
+
+
+@contextlib.contextmanager
+def _autocast_with(precision: Any, handler: Any) -> Iterator[Any]:
+    """The precision's autocast with `handler` in place of its AutocastKwargs for the block."""
+    saved = precision.autocast_kwargs
+    precision.autocast_kwargs = handler
+    try:
+        with precision.autocast() as ctx:
+            yield ctx
+    finally:
+        precision.autocast_kwargs = saved
 
 
 def _is_scheduler(obj: Any) -> bool:

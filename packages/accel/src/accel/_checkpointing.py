@@ -19,6 +19,8 @@ import os
 import random
 import re
 import shutil
+import threading
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -28,7 +30,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from accel._io import read_weights, weights_writer
-from accel_parallel import deferred_fsync, fsync_dir, fsync_file, save_object
+from accel_parallel import deferred_fsync, fsync_dir, fsync_file, save_object, staged_writes
 
 MARKER = "accel_checkpoint.json"
 FORMAT_VERSION = 1
@@ -89,6 +91,7 @@ class CheckpointingMixin:
         self._custom_objects: list[Any] = []
         self._save_hooks: collections.OrderedDict[int, Callable] = collections.OrderedDict()
         self._load_hooks: collections.OrderedDict[int, Callable] = collections.OrderedDict()
+        self._pending_save: _AsyncSave | None = None
 
     # -- registration ----------------------------------------------------------------------
     def register_for_checkpointing(self, *objects: Any) -> None:
@@ -131,10 +134,24 @@ class CheckpointingMixin:
         return Path(self.project_dir) / "checkpoints"
 
     def save_state(
-        self, output_dir: str | os.PathLike[str] | None = None, safe_serialization: bool = True
+        self,
+        output_dir: str | os.PathLike[str] | None = None,
+        safe_serialization: bool = True,
+        async_save: bool | None = None,
     ) -> str:
-        """Save everything needed to resume exactly; returns the checkpoint folder."""
+        """Save everything needed to resume exactly; returns the checkpoint folder.
+
+        With `async_save` (default: ProjectConfiguration.async_save) it returns once every
+        tensor is staged in CPU memory and writes in a background thread; see
+        `wait_for_checkpoint`."""
+        self.wait_for_checkpoint()
         pc = self.project_configuration
+        asynchronous = pc.async_save if async_save is None else async_save
+        if asynchronous and pc.save_on_each_node:
+            raise NotImplementedError(
+                "async_save with save_on_each_node is not supported: save synchronously, or "
+                "write to a shared folder."
+            )
         if pc.automatic_checkpoint_naming:
             if output_dir is not None:
                 raise ValueError(
@@ -155,27 +172,38 @@ class CheckpointingMixin:
                 shutil.rmtree(tmp)
             tmp.mkdir(parents=True)
         self.wait_for_everyone()
+        meta = self._marker_meta()
+        limit = pc.total_limit if pc.automatic_checkpoint_naming else None
+        if asynchronous:
+            with staged_writes() as jobs:  # tensors copied to CPU now, files written later
+                self._write_checkpoint(tmp, safe_serialization)
+            self._pending_save = _AsyncSave(
+                jobs, tmp, target, meta, limit, writer=self._writer(), rank=self.process_index,
+                world=self.num_processes, fsync=pc.fsync,
+            )  # fmt: skip
+            if pc.automatic_checkpoint_naming:
+                pc.iteration += 1
+            return os.fspath(target)
         with deferred_fsync(enabled=pc.fsync):  # files flush while the next one is written
             self._write_checkpoint(tmp, safe_serialization)
         self.wait_for_everyone()
         if self._writer():
-            with deferred_fsync(enabled=pc.fsync):
-                self._write_marker(tmp)
-            trash = target.parent / f".{target.name}.old"
-            if target.exists():
-                target.rename(trash)
-            tmp.rename(target)
-            fsync_dir(target.parent)
-            if trash.exists():
-                shutil.rmtree(trash)
+            _finalize(tmp, target, meta, limit, pc.fsync)
         self.wait_for_everyone()
         if pc.automatic_checkpoint_naming:
             pc.iteration += 1
-            if self._writer() and pc.total_limit is not None:
-                complete, _ = complete_checkpoints(target.parent)
-                for old in complete[: max(len(complete) - pc.total_limit, 0)]:
-                    shutil.rmtree(old)
         return os.fspath(target)
+
+    def wait_for_checkpoint(self) -> None:
+        """Wait until an asynchronous `save_state` is written and marked complete (on every
+        process); raise its error if it failed. Does nothing when none is in flight."""
+        pending = getattr(self, "_pending_save", None)
+        if pending is None:
+            return
+        self._pending_save = None
+        pending.join()
+        self.wait_for_everyone()
+        pending.raise_error()
 
     def _write_checkpoint(self, tmp: Path, safe: bool) -> None:
         writer = self._writer()
@@ -227,8 +255,8 @@ class CheckpointingMixin:
                 return model
         return None
 
-    def _write_marker(self, tmp: Path) -> None:
-        meta = {
+    def _marker_meta(self) -> dict[str, Any]:
+        return {
             "format": FORMAT_VERSION,
             "num_processes": self.num_processes,
             "models": len(self._models),
@@ -238,12 +266,7 @@ class CheckpointingMixin:
             "custom_objects": len(self._custom_objects),
             "mixed_precision": self.mixed_precision,
             "iteration": self.project_configuration.iteration,
-            "files": sorted(p.name for p in tmp.iterdir()),
         }
-        marker = tmp / MARKER
-        marker.write_text(json.dumps(meta, indent=1))
-        fsync_file(marker)
-        fsync_dir(tmp)
 
     # -- loading -----------------------------------------------------------------------------
     def _newest_checkpoint(self) -> Path:
@@ -263,6 +286,7 @@ class CheckpointingMixin:
         self, input_dir: str | os.PathLike[str] | None = None, **load_kwargs: Any
     ) -> str:
         """Restore what save_state saved; with no path, the newest complete checkpoint."""
+        self.wait_for_checkpoint()
         if input_dir is None:
             if not self.project_configuration.automatic_checkpoint_naming:
                 raise ValueError(
@@ -296,6 +320,23 @@ class CheckpointingMixin:
         if self.project_configuration.automatic_checkpoint_naming and match:
             self.project_configuration.iteration = int(match.group(1)) + 1
         return os.fspath(source)
+
+    def load_state_if_any(self, **load_kwargs: Any) -> str | None:
+        """Resume from the newest complete checkpoint when there is one; else start fresh.
+
+        One line at the top of a loop that torchrun may restart (``accel launch
+        --max_restarts N``) or a job that is requeued: returns the checkpoint loaded, or
+        None. Needs ProjectConfiguration(automatic_checkpoint_naming=True) and a
+        project_dir; call it after `prepare` and `register_for_checkpointing`.
+        """
+        if not self.project_configuration.automatic_checkpoint_naming:
+            raise ValueError(
+                "load_state_if_any() finds checkpoints by their automatic names: pass "
+                "ProjectConfiguration(project_dir=..., automatic_checkpoint_naming=True)."
+            )
+        if not complete_checkpoints(self._checkpoint_root())[0]:
+            return None
+        return self.load_state(**load_kwargs)
 
     def _check_checkpoint(self, source: Path) -> None:
         marker = source / MARKER
@@ -369,6 +410,86 @@ class CheckpointingMixin:
         if self._writer():
             save_sharded(state, Path(save_directory), max_shard_size, safe_serialization)
         self.wait_for_everyone()
+
+
+def _finalize(
+    tmp: Path, target: Path, meta: dict[str, Any], limit: int | None, fsync: bool
+) -> None:
+    """On the writing process, once every file is written: the completion marker, then the
+    rename into place (replacing an older folder of that name), then the total_limit."""
+    with deferred_fsync(enabled=fsync):
+        marker = tmp / MARKER
+        meta = {**meta, "files": sorted(p.name for p in tmp.iterdir())}
+        marker.write_text(json.dumps(meta, indent=1))
+        fsync_file(marker)
+        fsync_dir(tmp)
+    trash = target.parent / f".{target.name}.old"
+    if target.exists():
+        target.rename(trash)
+    tmp.rename(target)
+    fsync_dir(target.parent)
+    if trash.exists():
+        shutil.rmtree(trash)
+    if limit is not None:
+        complete, _ = complete_checkpoints(target.parent)
+        for old in complete[: max(len(complete) - limit, 0)]:
+            shutil.rmtree(old)
+
+
+class _AsyncSave:
+    """The background half of an asynchronous save_state on one process.
+
+    Each process runs its staged writes, then leaves a `.written_<rank>` file in the folder;
+    the writing process waits for every one of them (no collective: training goes on in the
+    main thread) and then finalizes. Nothing is marked complete before every file is written,
+    so a process killed meanwhile leaves the previous checkpoint the newest complete one.
+    """
+
+    WAIT_FOR_PEERS_S = 3600.0
+
+    def __init__(
+        self, jobs: list, tmp: Path, target: Path, meta: dict[str, Any], limit: int | None,
+        *, writer: bool, rank: int, world: int, fsync: bool,
+    ) -> None:  # fmt: skip
+        self.target = target
+        self.error: BaseException | None = None
+        args = (jobs, tmp, target, meta, limit, writer, rank, world, fsync)
+        self.thread = threading.Thread(target=self._run, args=args, name="accel-async-save")
+        self.thread.start()
+
+    def _run(
+        self, jobs: list, tmp: Path, target: Path, meta: dict[str, Any], limit: int | None,
+        writer: bool, rank: int, world: int, fsync: bool,
+    ) -> None:  # fmt: skip
+        try:
+            with deferred_fsync(enabled=fsync):
+                for job in jobs:
+                    job()
+            (tmp / f".written_{rank}").write_text("")
+            if not writer:
+                return
+            deadline = time.monotonic() + self.WAIT_FOR_PEERS_S
+            flags = [tmp / f".written_{r}" for r in range(world)]
+            while not all(f.exists() for f in flags):
+                if time.monotonic() > deadline:
+                    missing = [f.name for f in flags if not f.exists()]
+                    raise TimeoutError(f"processes never finished writing: {missing}")
+                time.sleep(0.02)
+            for flag in flags:
+                flag.unlink()
+            _finalize(tmp, target, meta, limit, fsync)
+        except BaseException as err:  # reported by wait_for_checkpoint
+            self.error = err
+
+    def join(self) -> None:
+        self.thread.join()
+
+    def raise_error(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(
+                f"the asynchronous save_state into {self.target} failed ({self.error!r}); the "
+                f"previous checkpoint is still the newest complete one."
+            ) from self.error
 
 
 def _load(path: Path, trusted: bool = False) -> Any:

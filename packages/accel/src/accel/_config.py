@@ -33,6 +33,11 @@ class ProjectConfiguration:
       (the default). Off, saving is faster and a crashed process still never leaves a broken
       newest checkpoint (files are complete in the OS cache before the rename), but an OS
       crash or power loss shortly after a save can lose it.
+    - ``async_save``: ``save_state()`` returns once every tensor is copied to CPU memory; the
+      files are written in a background thread and the checkpoint counts as complete only
+      when its marker is written. The next ``save_state``, ``load_state`` or
+      ``wait_for_checkpoint()`` waits for it first. A process killed meanwhile leaves the
+      previous checkpoint whole and loadable.
     """
 
     project_dir: str | None = None
@@ -42,6 +47,7 @@ class ProjectConfiguration:
     iteration: int = 0
     save_on_each_node: bool = False
     fsync: bool = True
+    async_save: bool = False
 
     def __post_init__(self) -> None:
         if self.logging_dir is None:

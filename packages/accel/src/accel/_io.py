@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from accel_parallel import fsync_file
+from accel_parallel import deferred_write, fsync_file
 
 _ALIASES_KEY = "accel_aliases"
 
@@ -83,9 +83,8 @@ def weights_writer(safe: bool):
     """A `write_full` for strategies: ``<base>.safetensors`` or ``<base>.bin``."""
 
     def write(state: dict[str, torch.Tensor], base: Path) -> None:
-        save_state_dict(
-            state, base.with_name(base.name + (".safetensors" if safe else ".bin")), safe
-        )
+        path = base.with_name(base.name + (".safetensors" if safe else ".bin"))
+        deferred_write(lambda s, p: save_state_dict(s, p, safe), state, path)
 
     return write
 

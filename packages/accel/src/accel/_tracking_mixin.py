@@ -76,4 +76,9 @@ class TrackingMixin:
         for tracker in self.trackers:
             tracker.finish()
         self.trackers = []
+        pending = getattr(self, "_pending_save", None)
+        if pending is not None:  # an asynchronous save_state still writing: let it finish
+            self._pending_save = None
+            pending.join()
+            pending.raise_error()
         self.state.destroy_process_group()
