@@ -30,3 +30,27 @@ def test_accelerator_state_reads_what_the_accelerator_chose() -> None:
     state = AcceleratorState()
     assert state.mixed_precision == "bf16"
     assert state.num_processes == 1
+
+
+def test_familiar_accelerator_attributes() -> None:
+    from accel import (
+        Accelerator,
+        AcceleratorState,
+        DistributedDataParallelKwargs,
+        GradScalerKwargs,
+        ProjectConfiguration,
+    )
+
+    AcceleratorState._reset_state()
+    ddp, scaler = DistributedDataParallelKwargs(bucket_cap_mb=5), GradScalerKwargs(init_scale=8.0)
+    acc = Accelerator(
+        cpu=True, mixed_precision="fp16", kwargs_handlers=[ddp, scaler],
+        project_config=ProjectConfiguration(iteration=3),
+    )  # fmt: skip
+    assert acc.ddp_handler is ddp and acc.scaler_handler is scaler
+    assert acc.init_handler is None and acc.autocast_handler is None
+    assert acc.scaler is acc.precision.scaler and acc.scaler.get_scale() == 8.0
+    assert acc.native_amp and acc.save_iteration == 3 and acc.use_stateful_dataloader is False
+    AcceleratorState._reset_state()
+    plain = Accelerator(cpu=True)
+    assert plain.scaler is None and not plain.native_amp

@@ -127,6 +127,12 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
             _accumulation_plugin(gradient_accumulation_plugin, gradient_accumulation_steps)
         )
         self.profile_handler: ProfileKwargs | None = handlers.get("profile")
+        # The familiar handler attributes: what kwargs_handlers gave for each kind (or None).
+        self.ddp_handler = handlers.get("ddp")
+        self.scaler_handler = handlers.get("scaler")
+        self.init_handler = handlers.get("init_process_group")
+        self.autocast_handler = handlers.get("autocast")
+        self.fp8_recipe_handler = handlers.get("fp8")
         AcceleratorState._record(mixed_precision=self.precision.name)
         self._models: list[nn.Module] = []
         self._optimizers: list[AcceleratedOptimizer] = []
@@ -148,6 +154,12 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
     use_distributed = property(lambda self: self.state.use_distributed)
     mixed_precision = property(lambda self: self.precision.name)
     is_fsdp2 = property(lambda self: self.strategy.name == "fsdp")
+    scaler = property(lambda self: self.precision.scaler)  # the fp16 GradScaler, else None
+    native_amp = property(lambda self: self.precision.name in ("fp16", "bf16"))
+    use_stateful_dataloader = property(
+        lambda self: self.dataloader_config.use_stateful_dataloader
+    )
+    save_iteration = property(lambda self: self.project_configuration.iteration)
     sync_gradients = property(lambda self: self.gradient_state.sync_gradients)
     split_batches = property(lambda self: self.dataloader_config.split_batches)
     even_batches = property(lambda self: self.dataloader_config.even_batches)
