@@ -156,9 +156,7 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
     is_fsdp2 = property(lambda self: self.strategy.name == "fsdp")
     scaler = property(lambda self: self.precision.scaler)  # the fp16 GradScaler, else None
     native_amp = property(lambda self: self.precision.name in ("fp16", "bf16"))
-    use_stateful_dataloader = property(
-        lambda self: self.dataloader_config.use_stateful_dataloader
-    )
+    use_stateful_dataloader = property(lambda self: self.dataloader_config.use_stateful_dataloader)
     save_iteration = property(lambda self: self.project_configuration.iteration)
     sync_gradients = property(lambda self: self.gradient_state.sync_gradients)
     split_batches = property(lambda self: self.dataloader_config.split_batches)
