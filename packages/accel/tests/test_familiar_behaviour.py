@@ -54,3 +54,38 @@ def test_familiar_accelerator_attributes() -> None:
     AcceleratorState._reset_state()
     plain = Accelerator(cpu=True)
     assert plain.scaler is None and not plain.native_amp
+
+
+def _draws_after_epoch_start(rng_types: list[str] | None) -> float:
+    from torch.utils.data import DataLoader
+
+    from accel import Accelerator
+
+    acc = Accelerator(cpu=True, rng_types=rng_types)
+    torch.manual_seed(100 + acc.process_index)  # every process starts from its own state
+    loader = acc.prepare(DataLoader(list(range(8)), batch_size=2))
+    for _ in loader:
+        return torch.rand(1).item()
+    raise AssertionError("empty loader")
+
+
+def _both(rng_types: list[str] | None) -> dict:
+    from accel import AcceleratorState
+
+    synced = _draws_after_epoch_start(rng_types)
+    AcceleratorState._reset_state()
+    return {"synced": synced}
+
+
+def test_rng_types_synchronize_the_named_generators_at_each_epoch_start():
+    from accel_state.testing import run_distributed
+
+    synced = run_distributed(_both, ["torch"], world_size=2)
+    assert synced[0]["synced"] == synced[1]["synced"]  # rank 0's torch state everywhere
+    alone = run_distributed(_both, None, world_size=2)  # the default: loaders' generators only
+    assert alone[0]["synced"] != alone[1]["synced"]
+    from accel import Accelerator, AcceleratorState
+
+    AcceleratorState._reset_state()
+    with pytest.raises(ValueError, match="TPU/XLA is not provided"):
+        Accelerator(cpu=True, rng_types=["xla"])

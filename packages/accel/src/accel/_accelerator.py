@@ -83,7 +83,7 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
         )
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
-        self.rng_types = list(rng_types) if rng_types is not None else ["generator"]
+        self.rng_types = _rng_types(rng_types)
         self.dataloader_config = _dataloader_config(
             dataloader_config, split_batches, even_batches, dispatch_batches, use_seedable_sampler
         )
@@ -293,7 +293,7 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
             process_index=self.process_index,
             device=self.device,
             put_on_device=placement,
-            iteration_observer=self.gradient_state,
+            iteration_observer=self._iteration_observer(),
             **self.dataloader_config.prepare_kwargs(),
         )
         self._dataloaders.append(prepared)
@@ -302,6 +302,14 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
     def prepare_data_loader(self, data_loader: Any, device_placement: bool | None = None) -> Any:
         placement = self.device_placement if device_placement is None else device_placement
         return self._prepare_dataloader(data_loader, placement)
+
+    def _iteration_observer(self) -> Any:
+        """What a prepared loader tells when an iteration starts and ends: the gradient state,
+        and, with rng_types beyond "generator", the RNG synchronization at each epoch start."""
+        synced = [t for t in self.rng_types if t != "generator"]
+        if not synced:
+            return self.gradient_state
+        return _RngSyncObserver(self.gradient_state, synced)
 
     # -- the step -----------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
@@ -481,6 +489,42 @@ def _autocast_with(precision: Any, handler: Any) -> Iterator[Any]:
             yield ctx
     finally:
         precision.autocast_kwargs = saved
+
+
+_RNG_TYPES = ("generator", "torch", "cuda", "python", "numpy")
+
+
+def _rng_types(rng_types: Any) -> list[str]:
+    """The generators to synchronize from the main process at each epoch start.
+
+    "generator" (the default) is met by construction: each prepared loader owns a generator
+    seeded from (seed, epoch), the same on every process. "torch", "cuda", "python" and
+    "numpy" broadcast the main process's global state of that generator when an epoch
+    starts (not when a resumed epoch continues, so a resume stays exact)."""
+    if rng_types is None:
+        return ["generator"]
+    names = [str(getattr(t, "value", t)).lower() for t in rng_types]
+    bad = [n for n in names if n not in _RNG_TYPES]
+    if bad:
+        why = " (TPU/XLA is not provided by accel)" if "xla" in bad else ""
+        raise ValueError(f"rng_types {bad} not supported{why}; accepted: {list(_RNG_TYPES)}.")
+    return names
+
+
+class _RngSyncObserver:
+    """The gradient state's iteration observer, plus RNG synchronization at epoch starts."""
+
+    def __init__(self, gradient_state: GradientState, rng_types: list[str]) -> None:
+        self.gradient_state = gradient_state
+        self.rng_types = rng_types
+
+    def begin(self, loader: Any) -> None:
+        self.gradient_state.begin(loader)
+        if loader.state_dict().get("batches_yielded", 0) == 0:
+            accel_state.synchronize_rng_states(self.rng_types)
+
+    def end(self, loader: Any) -> None:
+        self.gradient_state.end(loader)
 
 
 def _is_scheduler(obj: Any) -> bool:
