@@ -131,6 +131,8 @@ def infer_auto_device_map(
     budget = get_max_memory(None) if max_memory is None else parse_max_memory(max_memory)
     if not budget:
         raise ValueError("max_memory is empty; give at least one device, e.g. {'cpu': '4GB'}.")
+    if "disk" not in budget:  # what fits nowhere else spills to disk (dispatching it then
+        budget["disk"] = 2**62  # needs an offload folder, and says so)
     no_split = set(no_split_module_classes or ())
     sizes = compute_module_sizes(model, dtype=dtype, special_dtypes=special_dtypes)
     args = (model, budget, sizes, no_split)
@@ -230,23 +232,29 @@ def resolve_device_map(
 ) -> dict[str, Device]:
     """Turn "auto" / "balanced" / "balanced_low_0" / "sequential" or one device into a map.
 
-    With `allow_disk` (an offload folder exists), "disk" ends the budget when it is not in
-    `max_memory`, so what does not fit anywhere else is offloaded rather than refused.
+    What fits nowhere else is planned on "disk" (as `infer_auto_device_map` does); without
+    `allow_disk` (no offload folder) that is refused with an error naming the modules.
     """
     if isinstance(device_map, Mapping):
         return {k: normalize_device(v) for k, v in device_map.items()}
     if isinstance(device_map, str) and device_map in DEVICE_MAP_STRINGS:
         budget = get_max_memory(max_memory)
-        if allow_disk and "disk" not in budget:
-            budget["disk"] = 2**62
         if device_map != "sequential":
             budget = get_balanced_memory(
                 model, budget, no_split_module_classes, dtype,
                 low_zero=device_map == "balanced_low_0",
             )  # fmt: skip
-        return infer_auto_device_map(
+        planned = infer_auto_device_map(
             model, budget, no_split_module_classes, dtype, offload_buffers=offload_buffers
         )
+        spilled = [name for name, device in planned.items() if device == "disk"]
+        if spilled and not allow_disk:
+            raise ValueError(
+                f"device_map={device_map!r}: {spilled} do not fit in max_memory "
+                f"{ {k: v for k, v in budget.items() if k != 'disk'} } and would go to disk, "
+                f"which needs an offload folder. Pass offload_folder=..., or raise max_memory."
+            )
+        return planned
     try:
         device = normalize_device(device_map)
     except ValueError:
