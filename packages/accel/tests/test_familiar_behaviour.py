@@ -89,3 +89,27 @@ def test_rng_types_synchronize_the_named_generators_at_each_epoch_start():
     AcceleratorState._reset_state()
     with pytest.raises(ValueError, match="TPU/XLA is not provided"):
         Accelerator(cpu=True, rng_types=["xla"])
+
+
+def test_compile_regions_compiles_each_repeated_block_in_place() -> None:
+    from torch import nn
+
+    from accel.utils import compile_regions, has_compiled_regions
+
+    class Stack(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for block in self.blocks:
+                x = block(x)
+            return x
+
+    torch.manual_seed(0)
+    model, x = Stack(), torch.randn(2, 4)
+    expected, keys = model(x), list(model.state_dict())
+    assert not has_compiled_regions(model)
+    assert compile_regions(model, backend="eager") is model  # blocks compiled, names kept
+    assert has_compiled_regions(model) and list(model.state_dict()) == keys
+    torch.testing.assert_close(model(x), expected)

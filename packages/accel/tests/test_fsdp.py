@@ -138,7 +138,32 @@ def _variants_and_save(folder: str) -> dict:
     }
     out["resume"] = _resume(folder, "first")
     out["llama"] = _llama(folder + "_llama")
+    out["full"] = _full_round_trip(folder + "_full")
     return out
+
+
+def _full_round_trip(folder: str) -> dict:
+    """state_dict_type FULL_STATE_DICT: gathered, written once, read on rank 0 and sent."""
+    import os
+
+    from accel import Accelerator, AcceleratorState, FullyShardedDataParallelPlugin
+
+    AcceleratorState._reset_state()
+    plugin = FullyShardedDataParallelPlugin(state_dict_type="FULL_STATE_DICT")
+    acc = Accelerator(cpu=True, fsdp_plugin=plugin)
+    model = make_net()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = acc.prepare(model, opt)
+    _train(acc, model, opt, range(2))
+    acc.save_state(folder)
+    saved = acc.get_state_dict(model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    acc.load_state(folder)
+    restored = acc.get_state_dict(model)
+    same = all(torch.equal(restored[k], v) for k, v in saved.items())
+    return {"files": sorted(os.listdir(folder)), "same": same, "n": len(saved)}
 
 
 def _tiny_llama() -> Any:
@@ -305,6 +330,13 @@ def test_plugin_translates_fsdp1_settings_and_refuses_what_it_cannot():
     )  # fmt: skip
     assert launched.auto_wrap_policy == "size_based_wrap" and launched.min_num_params == 100
     assert launched.cpu_offload is True and launched.reshard_after_forward is True
+
+
+def test_full_state_dict_type_writes_one_file_and_loads_back(two_ranks):
+    full = two_ranks["ranks"][0]["full"]
+    assert "model.safetensors" in full["files"] and "optimizer.bin" in full["files"]
+    assert not any(f.endswith("_fsdp") for f in full["files"])
+    assert full["same"] and full["n"] > 0
 
 
 def test_save_model_and_merge_weights_give_plain_safetensors(two_ranks, tmp_path):

@@ -76,8 +76,7 @@ def _plan(
                 used += sizes.get(fname, 0)
                 todo.insert(0, (name, obj))
                 continue
-        if index == len(devices) - 1:
-            raise ValueError(_too_small(name, obj, size, device, room))
+        # "disk" is always in the budget and takes anything, so a next device exists here.
         if verbose:
             print(
                 f"{name} ({size} bytes) does not fit on {device}; moving to {devices[index + 1]}."
@@ -85,18 +84,6 @@ def _plan(
         todo.insert(0, (name, obj))
         index, used = index + 1, 0
     return device_map
-
-
-def _too_small(name: str, obj: object, size: int, device: Device, room: int) -> str:
-    what = f"The block {name!r} ({type(obj).__name__})"
-    fix = f"remove {type(obj).__name__!r} from no_split_module_classes"
-    if isinstance(obj, torch.Tensor):
-        what, fix = f"The tensor {name!r}", "use a smaller dtype"
-    return (
-        f"{what} needs {size} bytes and cannot be split, but the last device {device!r} has "
-        f"only {max(room, 0)} bytes left of its max_memory. Raise max_memory for {device!r}, "
-        f"add 'disk' (with an offload folder), or {fix}."
-    )
 
 
 def _obj_size(tensor: torch.Tensor, name: str, sizes: dict[str, int]) -> int:

@@ -158,7 +158,8 @@ class FSDP2Strategy(Strategy):
     def prepare(
         self, models: list[nn.Module], optimizers: list[torch.optim.Optimizer]
     ) -> tuple[list[nn.Module], list[torch.optim.Optimizer]]:
-        self.plugin.warn_notices() if self.info.process_index == 0 else None
+        if self.info.process_index == 0:
+            self.plugin.warn_notices()
         for opt in optimizers:
             if opt.state:
                 raise ValueError(
@@ -308,7 +309,8 @@ class FSDP2Strategy(Strategy):
         import torch.distributed as dist
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-        everywhere = torch.tensor([1 if state_dict else 0])
+        device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        everywhere = torch.tensor([1 if state_dict else 0], device=device)
         dist.all_reduce(everywhere, op=dist.ReduceOp.MIN)
         options = StateDictOptions(
             full_state_dict=True, strict=strict, broadcast_from_rank0=not bool(everywhere.item())

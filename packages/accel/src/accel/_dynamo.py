@@ -131,15 +131,21 @@ def compile_model(model: nn.Module, plugin: TorchDynamoPlugin, inner: nn.Module)
     import torch
 
     kwargs = plugin.compile_kwargs()
-    if plugin.use_regional_compilation:
-        blocks: dict[str, nn.Module] = {}
-        for name, module in inner.named_modules():
-            if isinstance(module, nn.ModuleList) and not any(
-                name.startswith(f"{outer}.") for outer in blocks
-            ):
-                blocks.update({f"{name}.{i}": b for i, b in enumerate(module)})
-        if blocks:
-            for block in blocks.values():
-                block.compile(**kwargs)
-            return model
+    if plugin.use_regional_compilation and compile_blocks(inner, **kwargs):
+        return model
     return torch.compile(model, **kwargs)
+
+
+def compile_blocks(module: nn.Module, **compile_kwargs: Any) -> bool:
+    """Compile, in place, every block of each outermost `nn.ModuleList` of `module` (one graph
+    per repeated block; parameter names unchanged). False when there is none."""
+    blocks: dict[str, nn.Module] = {}
+    for name, child in module.named_modules():
+        if isinstance(child, nn.ModuleList) and not any(
+            name.startswith(f"{outer}.") for outer in blocks
+        ):
+            blocks[name] = child
+    for block_list in blocks.values():
+        for block in block_list:
+            block.compile(**compile_kwargs)
+    return bool(blocks)

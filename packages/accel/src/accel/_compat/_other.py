@@ -20,15 +20,22 @@ def is_compiled_module(module: Any) -> bool:
 
 
 def has_compiled_regions(module: nn.Module) -> bool:
-    """True when some submodule of `module` was compiled on its own."""
-    return any(is_compiled_module(m) for m in module.modules() if m is not module)
+    """True when some submodule of `module` was compiled on its own (wrapped or in place)."""
+    return any(
+        is_compiled_module(m) or getattr(m, "_compiled_call_impl", None) is not None
+        for m in module.modules()
+        if m is not module
+    )
 
 
 def compile_regions(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
-    """Compile each child of `module` on its own (one compiled graph per repeated block)."""
-    for name, child in module.named_children():
-        setattr(module, name, torch.compile(child, **compile_kwargs))
-    return module
+    """Regional compilation, as the Accelerator does it: each repeated block (the entries of an
+    `nn.ModuleList`) compiled in place; a model without repeated blocks is compiled whole."""
+    from accel._dynamo import compile_blocks
+
+    if compile_blocks(module, **compile_kwargs):
+        return module
+    return torch.compile(module, **compile_kwargs)
 
 
 def extract_model_from_parallel(
