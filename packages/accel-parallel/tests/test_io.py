@@ -24,3 +24,24 @@ def test_deferred_fsync_waits_and_reports_errors(tmp_path: Path) -> None:
 def test_deferred_fsync_can_be_switched_off(tmp_path: Path) -> None:
     with deferred_fsync(enabled=False):
         fsync_file(tmp_path / "missing.bin")  # skipped, so no error
+
+
+def test_fsync_dir_raises_io_errors_and_skips_unsupported(tmp_path, monkeypatch) -> None:
+    import errno
+    import os
+
+    from accel_parallel import fsync_dir
+
+    def failing(code: int):
+        def fsync(fd: int) -> None:
+            raise OSError(code, os.strerror(code))
+
+        return fsync
+
+    monkeypatch.setattr(os, "fsync", failing(errno.EINVAL))  # folder fsync not supported
+    fsync_dir(tmp_path)
+    monkeypatch.setattr(os, "fsync", failing(errno.EIO))
+    with pytest.raises(OSError, match=f"flushing folder {tmp_path}"):
+        fsync_dir(tmp_path)
+    with deferred_fsync(enabled=False):  # ProjectConfiguration(fsync=False)
+        fsync_dir(tmp_path)

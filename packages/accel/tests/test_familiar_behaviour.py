@@ -113,3 +113,59 @@ def test_compile_regions_compiles_each_repeated_block_in_place() -> None:
     assert compile_regions(model, backend="eager") is model  # blocks compiled, names kept
     assert has_compiled_regions(model) and list(model.state_dict()) == keys
     torch.testing.assert_close(model(x), expected)
+
+
+def test_gradient_state_is_one_shared_state_that_libraries_read() -> None:
+    from torch import nn
+    from torch.utils.data import DataLoader
+
+    from accel import GradientState
+
+    GradientState._reset_state()
+    assert GradientState().num_steps == 1 and GradientState().sync_gradients
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=3)
+    reader = GradientState()  # what a library or a callback creates on its own
+    assert reader.num_steps == 3 and reader.plugin_kwargs["num_steps"] == 3
+    model = nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(torch.randn(7, 2), batch_size=1)
+    model, opt, loader = acc.prepare(model, opt, loader)
+    syncs, steps, ends = [], [], []
+    for x in loader:
+        with acc.accumulate(model):
+            acc.backward(model(x).sum())
+            syncs.append(reader.sync_gradients)
+            steps.append(acc.step)
+            ends.append(reader.end_of_dataloader)
+    # 7 batches, 3 per step: sync after the 3rd, the 6th, and the last (end of the loader)
+    assert syncs == [False, False, True, False, False, True, True]
+    assert steps == [1, 2, 3, 4, 5, 6, 0]  # accelerate's count: reset at the loader's end
+    assert ends == [False] * 6 + [True]
+    assert not reader.in_dataloader
+
+
+def test_a_failed_flush_fails_the_save_and_keeps_the_previous_checkpoint(
+    tmp_path, monkeypatch
+) -> None:
+    import errno
+    import os
+
+    from torch import nn
+
+    acc = Accelerator(cpu=True)
+    model = acc.prepare(nn.Linear(3, 3))
+    first = acc.save_state(tmp_path / "ck")
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        model.weight.add_(1.0)
+
+    def broken_fsync(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", broken_fsync)
+    with pytest.raises(OSError, match="Input/output error"):
+        acc.save_state(tmp_path / "ck")
+    monkeypatch.undo()
+    acc.load_state(first)  # the previous checkpoint is whole and still the one in place
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, saved[k])

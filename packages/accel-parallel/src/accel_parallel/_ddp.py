@@ -8,6 +8,7 @@ import enum
 from collections.abc import Iterator
 from typing import Any
 
+import torch
 from torch import nn
 
 from accel_parallel._strategy import ProcessInfo, Strategy
@@ -101,11 +102,11 @@ def register_comm_hook(
     if hook_type is DDPCommunicationHookType.BF16:
         model.register_comm_hook(state=None, hook=default_hooks.bf16_compress_hook)
         return
-    hook = (
-        powerSGD_hook.powerSGD_hook
-        if hook_type is DDPCommunicationHookType.POWER_SGD
-        else powerSGD_hook.batched_powerSGD_hook
-    )
+    if hook_type is DDPCommunicationHookType.POWER_SGD:
+        hook = powerSGD_hook.powerSGD_hook
+    else:
+        _orthogonalize_accepts_one_matrix(powerSGD_hook)
+        hook = powerSGD_hook.batched_powerSGD_hook
     wrapper = DDPCommunicationHookType(kwargs.comm_wrapper)
     if wrapper is DDPCommunicationHookType.FP16:
         hook = default_hooks.fp16_compress_wrapper(hook)
@@ -113,6 +114,27 @@ def register_comm_hook(
         hook = default_hooks.bf16_compress_wrapper(hook)
     state = powerSGD_hook.PowerSGDState(process_group=None, **kwargs.comm_state_option)
     model.register_comm_hook(state=state, hook=hook)
+
+
+def _orthogonalize_accepts_one_matrix(module: Any) -> None:
+    """Let torch's batched PowerSGD hook pass its warm-up.
+
+    After `start_powerSGD_iter` steps the batched hook orthogonalizes one 2-D matrix, but the
+    orthogonalization it calls accepts only a 3-D batch of matrices and raises an
+    AssertionError (torch 2.x). A 2-D matrix is orthogonalized as a batch of one, in place,
+    which is what the hook means; 3-D input goes to torch's function unchanged.
+    """
+    original = module._orthogonalize
+    if getattr(original, "_accel_accepts_2d", False):
+        return
+
+    def orthogonalize(matrices: torch.Tensor, epsilon: float = 0) -> None:
+        if matrices.dim() == 2:
+            matrices = matrices.unsqueeze(0)  # a view: the result lands in the caller's tensor
+        original(matrices, epsilon=epsilon)
+
+    orthogonalize._accel_accepts_2d = True  # type: ignore[attr-defined]
+    module._orthogonalize = orthogonalize
 
 
 class DDPStrategy(Strategy):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import errno
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -72,15 +73,31 @@ def deferred_fsync(max_workers: int = 4, enabled: bool = True) -> Iterator[None]
                 future.result()
 
 
+# A folder's fsync that the file system or platform does not support (not a failed write).
+_UNSUPPORTED = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF, errno.EACCES}
+
+
 def fsync_dir(path: str | os.PathLike[str]) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
+    """Flush a folder's entries (a rename into it) to disk.
+
+    Where the platform cannot open or fsync a folder (Windows, some network file systems)
+    this does nothing; an I/O error (EIO, ENOSPC, ...) is raised, naming the folder, so a
+    checkpoint that did not reach the disk is never reported as saved. Inside
+    `deferred_fsync(enabled=False)` it does nothing.
+    """
+    if _DEFERRED.get() is False:
         return
     try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as err:
+        if os.name == "nt" or err.errno in _UNSUPPORTED | {errno.EISDIR}:
+            return
+        raise OSError(err.errno, f"could not open folder {path} to flush it: {err}") from err
+    try:
         os.fsync(fd)
-    except OSError:
-        pass
+    except OSError as err:
+        if err.errno not in _UNSUPPORTED:
+            raise OSError(err.errno, f"flushing folder {path} to disk failed: {err}") from err
     finally:
         os.close(fd)
 

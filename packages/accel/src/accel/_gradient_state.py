@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -33,16 +33,58 @@ class GradientAccumulationPlugin:
 class GradientState:
     """Shared by the Accelerator and its wrappers: the sync flag and the active dataloaders.
 
+    As in accelerate, every instance shares one state, so `GradientState()` anywhere (a
+    library, a callback) reads what the running Accelerator decided (`sync_gradients`,
+    `end_of_dataloader`, `num_steps`). Passing a plugin (the Accelerator does) sets the
+    accumulation settings and starts a new count.
+
     It is the `iteration_observer` of every prepared dataloader: a loader calls `begin` when an
     iteration over it starts and `end` when it stops, so nested loops (evaluation inside
     training) know which loader's `end_of_dataloader` and `remainder` apply.
     """
 
-    def __init__(self, plugin: GradientAccumulationPlugin) -> None:
-        self.plugin = plugin
-        self.sync_gradients = True
-        self.step = 0  # micro-steps since the last sync
-        self.active_dataloaders: list[Any] = []
+    _shared_state: ClassVar[dict[str, Any]] = {}
+
+    def __init__(
+        self, gradient_accumulation_plugin: GradientAccumulationPlugin | None = None
+    ) -> None:
+        self.__dict__ = self._shared_state
+        if not self.initialized:
+            self.plugin = GradientAccumulationPlugin()
+            self.sync_gradients = True
+            self.step = 0  # micro-steps since the last sync
+            self.micro_step = 0  # micro-steps since the last end of a dataloader (accelerator.step)
+            self.active_dataloaders: list[Any] = []
+        if gradient_accumulation_plugin is not None:
+            self.plugin = gradient_accumulation_plugin
+            self.sync_gradients, self.step, self.micro_step = True, 0, 0
+            self.active_dataloaders = []  # a new Accelerator: loaders of an earlier one are done
+
+    @property
+    def initialized(self) -> bool:
+        return "plugin" in self._shared_state
+
+    @classmethod
+    def _reset_state(cls) -> None:
+        cls._shared_state.clear()
+
+    @property
+    def plugin_kwargs(self) -> dict[str, Any]:
+        return dataclasses.asdict(self.plugin)
+
+    adjust_scheduler = property(lambda self: self.plugin.adjust_scheduler)
+    sync_with_dataloader = property(lambda self: self.plugin.sync_with_dataloader)
+    sync_each_batch = property(lambda self: self.plugin.sync_each_batch)
+    dataloader_references = property(lambda self: [None, *self.active_dataloaders])
+
+    def _set_sync_gradients(self, sync_gradients: bool) -> None:
+        self.sync_gradients = bool(sync_gradients)
+
+    def _add_dataloader(self, dataloader: Any) -> None:
+        self.begin(dataloader)
+
+    def _remove_dataloader(self, dataloader: Any) -> None:
+        self.end(dataloader)
 
     @property
     def num_steps(self) -> int:
@@ -80,17 +122,23 @@ class GradientState:
         """Called once per micro-batch by `Accelerator.accumulate`: decide whether to sync."""
         plugin = self.plugin
         if plugin.sync_with_dataloader and self.active_dataloaders and self.end_of_dataloader:
-            self.step = 0
+            self.step = self.micro_step = 0
             self.sync_gradients = True
         else:
             self.step += 1
+            self.micro_step += 1
             self.sync_gradients = self.step % plugin.num_steps == 0
             if self.sync_gradients:
                 self.step = 0
 
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "sync_gradients": self.sync_gradients}
+        return {
+            "step": self.step,
+            "micro_step": self.micro_step,
+            "sync_gradients": self.sync_gradients,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
+        self.micro_step = int(state.get("micro_step", self.step))
         self.sync_gradients = bool(state["sync_gradients"])
