@@ -123,3 +123,49 @@ def test_dispatch_errors_name_the_problem(kit, reference, tmp_path):
         dispatch_model(model, {"embed": "cpu"})
     with pytest.raises(ValueError, match="not understood"):
         load_checkpoint_and_dispatch(empty(kit), path, device_map="fastest")
+
+
+@pytest.mark.parametrize("offload_buffers", [False, True])
+def test_load_checkpoint_and_dispatch_to_disk_keeps_ties_and_buffers(
+    kit, reference, ids, tmp_path, offload_buffers
+):
+    """accelerate's recipe with modules on disk: the tied head stays one tensor with the
+    embedding, and trained buffers hold the checkpoint's values with or without
+    offload_buffers."""
+    path = kit.write_checkpoint(reference, str(tmp_path / "ckpt"), "safetensors", 2)
+    for i, device_map in enumerate((
+        {"embed": "disk", "pos": "cpu", "body": "disk", "head": "disk"},
+        {"embed": "cpu", "pos": "cpu", "body": "disk", "head": "disk"},  # a tie split in two
+    )):  # fmt: skip
+        model = load_checkpoint_and_dispatch(
+            empty(kit), path, device_map=device_map, offload_folder=tmp_path / f"off{i}",
+            offload_buffers=offload_buffers,
+        )  # fmt: skip
+        if device_map["embed"] == device_map["head"]:
+            assert model.head.weight is model.embed.weight
+        with torch.no_grad():
+            torch.testing.assert_close(model(ids), reference(ids))
+        sizes = compute_module_sizes(empty(kit))
+        spilled = load_checkpoint_and_dispatch(
+            empty(kit), path, device_map="auto", no_split_module_classes=["Block"],
+            max_memory={"cpu": sizes["embed"] + sizes["pos"] + sizes["body.layers.0"]},
+            offload_folder=tmp_path / "off2", offload_buffers=offload_buffers,
+        )  # fmt: skip
+        assert "disk" in set(spilled.hf_device_map.values())
+        assert spilled.head.weight is spilled.embed.weight
+        torch.testing.assert_close(spilled(ids), reference(ids))
+
+
+def test_dispatch_model_writes_disk_modules_to_an_empty_offload_folder(
+    kit, reference, ids, tmp_path
+):
+    """As accelerate: weights in memory of modules mapped to disk go to the folder."""
+    model = kit.make_reference()
+    dispatch_model(
+        model, {"embed": "cpu", "pos": "cpu", "body": "disk", "head": "cpu"},
+        offload_dir=tmp_path / "off",
+    )  # fmt: skip
+    assert (tmp_path / "off" / "index.json").is_file()
+    assert model.body.layers[0].mlp[0].weight.is_meta
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), reference(ids))

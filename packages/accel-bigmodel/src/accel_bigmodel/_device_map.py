@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import nn
 
+from accel_bigmodel._modeling import find_tied_parameters
 from accel_bigmodel._sizes import (
     Device,
     compute_module_sizes,
@@ -49,15 +50,23 @@ def _plan(
     main = devices[0]
     device_map: dict[str, Device] = {}
     todo = _entries(model, "")
+    tied = find_tied_parameters(model)
     index, used = 0, 0
     while todo:
         name, obj = todo.pop(0)
         size = sizes.get(name, 0) if isinstance(obj, nn.Module) else _obj_size(obj, name, sizes)
         device = devices[index]
         room = budget[device] - used - (reserve if device == main else 0)
-        if device == "disk" or size <= room:
+        # Entries still to place that hold a weight tied to one in this entry go with it, so
+        # the tie stays one tensor on one device (as accelerate plans it).
+        partners = _tied_partners(name, tied, todo)
+        together = size + sum(_entry_size(todo[i], sizes) for i in partners)
+        if device == "disk" or together <= room:
             device_map[name] = device
-            used += size
+            for i in partners:
+                device_map[todo[i][0]] = device
+            todo = [entry for i, entry in enumerate(todo) if i not in partners]
+            used += together
             if verbose:
                 print(f"Putting {name} ({size} bytes) on {device}.")
             continue
@@ -84,6 +93,29 @@ def _plan(
         todo.insert(0, (name, obj))
         index, used = index + 1, 0
     return device_map
+
+
+def _covers(entry: str, name: str) -> bool:
+    return entry == "" or name == entry or name.startswith(f"{entry}.")
+
+
+def _tied_partners(name: str, tied: list[list[str]], todo: list) -> list[int]:
+    """Indices of the `todo` entries holding a parameter tied to one inside entry `name`."""
+    found: set[int] = set()
+    for group in tied:
+        if not any(_covers(name, p) for p in group):
+            continue
+        for other in (p for p in group if not _covers(name, p)):
+            for i, (entry, _) in enumerate(todo):
+                if _covers(entry, other):
+                    found.add(i)
+                    break
+    return sorted(found)
+
+
+def _entry_size(entry: tuple[str, nn.Module | torch.Tensor], sizes: dict[str, int]) -> int:
+    name, obj = entry
+    return sizes.get(name, 0) if isinstance(obj, nn.Module) else _obj_size(obj, name, sizes)
 
 
 def _obj_size(tensor: torch.Tensor, name: str, sizes: dict[str, int]) -> int:

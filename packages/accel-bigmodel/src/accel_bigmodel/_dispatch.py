@@ -99,7 +99,29 @@ def dispatch_model(
             memory[name] = tensor.detach()
     weights_map: Mapping[str, torch.Tensor] = memory
     if "disk" in devices:
-        weights_map = _disk_loader(memory, offload_dir, offload_index)
+        disk = {k for k, v in device_map.items() if v == "disk"}
+        if (
+            offload_index is None
+            and offload_dir is not None
+            and not os.path.isfile(os.path.join(offload_dir, INDEX_NAME))
+        ):
+            # As accelerate does: the disk modules' weights in memory are written to the folder
+            # (and then read from there, not kept in memory).
+            os.makedirs(offload_dir, exist_ok=True)
+            offload_state_dict(offload_dir, {n: t for n, t in memory.items() if _under(n, disk)})
+            memory = {n: t for n, t in memory.items() if not _under(n, disk)}
+        loader = _disk_loader(memory, offload_dir, offload_index)
+        # What the folder holds for a disk module is its value: a tensor still in memory
+        # there (a buffer left at its init value when the checkpoint offloaded buffers) is not.
+        stale = [n for n in memory if _under(n, disk) and n in loader.index]
+        if stale:
+            memory = {n: t for n, t in memory.items() if n not in stale}
+            loader = _disk_loader(memory, offload_dir, offload_index)
+            if not offload_buffers:  # buffers stay in the module: give them the stored values
+                buffers = {n for n, _ in model.named_buffers(remove_duplicate=False)}
+                for name in (n for n in stale if n in buffers):
+                    set_module_tensor_to_device(model, name, "cpu", value=loader[name])
+        weights_map = loader
     _check_no_meta(model, device_map, offloaded, weights_map)
     execution = {k: main if k in offloaded or v == "disk" else v for k, v in device_map.items()}
     execution = {k: _torch_device(v) for k, v in execution.items()}
