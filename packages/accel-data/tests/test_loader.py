@@ -222,6 +222,7 @@ def test_dispatch_in_one_process_and_stateful_loader() -> None:
     fresh = stateful.StatefulDataLoader(Ids(10), batch_size=2, shuffle=True)
     again = _prep(fresh, world=2, rank=0, data_seed=9)
     head, sd = _run(again, 2, (0, 1))
+    assert sd["_num_yielded"] == sd["_sampler_iter_yielded"] == 2  # torchdata's own state
     again2 = _prep(dl, world=2, rank=0)  # the seed comes from the state dict
     again2.load_state_dict(sd)
     assert head + _run(again2, 2)[0] == full

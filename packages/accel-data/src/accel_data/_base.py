@@ -68,6 +68,7 @@ class _PreparedLoader:
         self._restored_at: int | None = None
         self._gen_state: torch.Tensor | None = None
         self._pending_gen_state: torch.Tensor | None = None
+        self._base_state: dict[str, Any] | None = None
 
     # -- iteration ---------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -79,19 +80,24 @@ class _PreparedLoader:
         observer = self.iteration_observer
         if observer is not None:
             observer.begin(self)
+        snapshot = self._stateful_snapshot
         try:
             batches = self._batches(skip)
             current = next(batches, _END)
             if current is _END:
                 self._finish_epoch()
                 return
+            current_state = snapshot()
             for upcoming in batches:  # look one batch ahead to know which batch is the last
+                upcoming_state = snapshot()
                 self._yielded += 1
+                self._base_state = current_state  # torchdata's state once `current` is consumed
                 yield current
-                current = upcoming
+                current, current_state = upcoming, upcoming_state
             self._observed_remainder = self._final_remainder()
             self.end_of_dataloader = True
             self._yielded += 1
+            self._base_state = current_state
             yield current
             self._finish_epoch()
         finally:
@@ -100,6 +106,15 @@ class _PreparedLoader:
 
     def _batches(self, skip: int) -> Iterator[Any]:
         raise NotImplementedError
+
+    @property
+    def _is_stateful(self) -> bool:
+        """The base loader is torchdata's StatefulDataLoader (its state is reported too)."""
+        base = self.base_dataloader
+        return type(base).__module__.startswith("torchdata.") and hasattr(base, "state_dict")
+
+    def _stateful_snapshot(self) -> dict[str, Any] | None:
+        return self.base_dataloader.state_dict() if self._is_stateful else None
 
     def _final_remainder(self) -> int | None:
         """The remainder observed at the end of the epoch, None when nothing was observed."""
@@ -209,8 +224,17 @@ class _PreparedLoader:
 
     # -- resume ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The position as plain values: epoch, batches yielded in it, shuffle seed, generator."""
+        """The position as plain values: epoch, batches yielded in it, shuffle seed, generator.
+
+        Over torchdata's StatefulDataLoader (`use_stateful_dataloader=True`) the dict is also
+        torchdata's own state dict as it was when the last batch handed out was fetched (the
+        base loader runs one batch ahead); resuming uses accel's keys, which are exact.
+        """
+        extra: dict[str, Any] = {}
+        if self._is_stateful:
+            extra = dict(self._base_state or self.base_dataloader.state_dict())
         return {
+            **extra,
             "version": _STATE_VERSION,
             "epoch": self._epoch,
             "batches_yielded": self._yielded,
