@@ -23,7 +23,7 @@ from accel_tracking import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "train_lm.py"
-# Small and fast: 40 steps of 2 x 32 windows are one epoch; checkpoints at steps 20 and 40.
+# Small and fast: 40 steps of 2 x 32 facts (mid-epoch 0); checkpoints at steps 20 and 40.
 SMALL = ["--max_steps", "40", "--checkpoint_every", "20", "--log_every", "10"]
 TIMEOUT = 300
 
@@ -108,7 +108,7 @@ def _values(log: list[dict], key: str) -> dict[int, float]:
 
 def test_two_process_launch_trains_and_logs(runs: dict) -> None:
     output, log = runs["two_output"], runs["two_log"]
-    assert "290 eval windows, 2 process(es), 40 steps" in output
+    assert "1000 eval facts, 2 process(es), 40 steps" in output
     evals = _values(log, "eval/loss")
     assert sorted(evals) == [0, 40]  # the baseline, and the end of the run (mid-epoch 0)
     assert evals[40] < evals[0] - 0.3, f"the eval loss did not fall clearly: {evals}"
@@ -117,10 +117,10 @@ def test_two_process_launch_trains_and_logs(runs: dict) -> None:
     lrs = _values(log, "train/lr")
     assert lrs[10] < lrs[20] > lrs[30] > lrs[40]  # warmup to the peak, then cosine decay
     assert [r["step"] for r in log] == sorted(r["step"] for r in log)
-    # Accuracy is a mean over exactly the 290 eval windows of 32 characters (evaluate() also
-    # asserts it gathered one value per window): a whole number of hits out of 290 * 32.
-    hits = _values(log, "eval/accuracy")[40] * 290 * 32
-    assert 0 < hits <= 290 * 32 and abs(hits - round(hits)) < 1e-2, hits
+    # Accuracy is the share of the 1000 held-out sums answered exactly (evaluate() also
+    # asserts it gathered one value per fact): a whole number out of 1000.
+    hits = _values(log, "eval/accuracy")[40] * 1000
+    assert 0 <= hits <= 1000 and abs(hits - round(hits)) < 1e-3, hits
     assert runs["two_checkpoints"] == ["checkpoint_0", "checkpoint_1"]
 
 
@@ -146,17 +146,20 @@ def test_one_process_without_a_launcher(runs: dict) -> None:
 
 def test_saved_model_reproduces_the_logged_eval_loss(runs: dict) -> None:
     example = runpy.run_path(str(EXAMPLE))  # its definitions, without running main()
-    model = example["TinyLM"](len(example["VOCAB"]), 32, 64, 2, 4)
+    model = example["TinyLM"](len(example["VOCAB"]), example["ANSWER"].stop, 64, 2, 4)
     state = load_file(runs["one_dir"] / "model" / "model.safetensors")
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert (missing, unexpected) == (["head.weight"], [])  # tied to tok.weight, stored once
     assert model.head.weight is model.tok.weight
-    _, eval_set = example["make_datasets"](32)
+    _, eval_set = example["make_datasets"]()
     inputs = torch.stack([eval_set[i][0] for i in range(len(eval_set))])
     targets = torch.stack([eval_set[i][1] for i in range(len(eval_set))])
     with torch.no_grad():
         logits = model.eval()(inputs)
-    per_window = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none").mean(dim=1)
-    assert per_window.mean().item() == pytest.approx(
+    # the loss per answer digit (the other positions are ignored: -100), one value per fact
+    answer = targets != -100
+    per_token = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+    per_fact = (per_token * answer).sum(dim=1) / answer.sum(dim=1)
+    assert per_fact.mean().item() == pytest.approx(
         _values(runs["one_log"], "eval/loss")[5], rel=1e-5
     )
