@@ -140,7 +140,7 @@ def test_values_accel_cannot_honour_are_refused(argv, expected, tmp_path, capsys
     ("text", "expected"),
     [
         ("distributed_type: XLA\n", "TPU"),
-        ("parallelism_config:\n  parallelism_config_tp_size: 2\n", "parallelism_config"),
+        ("parallelism_config:\n  parallelism_config_sp_size: 2\n", "DeepSpeed-Ulysses"),
         ("megatron_lm_config:\n  megatron_lm_tp_degree: 2\n", "Megatron-LM"),
         ("downcast_bf16: 'yes'\n", "downcast_bf16"),
         ("tpu_env: [A=1]\n", "tpu_env"),
@@ -368,3 +368,22 @@ def test_real_launch_with_dynamo_tee_log_dir_affinity_and_debug(tmp_path):
         assert len(results[0]["cores"]) == len(cores) // 2
     logged = {p.parent.name: p.read_text() for p in logs.rglob("stdout.log")}
     assert {"0", "1"} <= set(logged) and "worker 1 done" in logged["1"]
+
+
+def test_parallelism_flags_reach_the_workers(tmp_path, capsys):
+    """--parallelism_config_* flags (and the file's section) become the workers'
+    parallelism_config section, which the Accelerator builds its mesh from."""
+    script = tmp_path / "s.py"
+    script.write_text("")
+    argv = ["launch", "--dry_run", "--cpu", "--num_processes", "4",
+            "--parallelism_config_dp_shard_size", "2", "--parallelism_config_tp_size", "2",
+            str(script)]  # fmt: skip
+    assert main(argv) == 0
+    handed = json.loads(capsys.readouterr().out.split("ACCEL_LAUNCH_CONFIG=", 1)[1].split("\n")[0])
+    assert handed["parallelism_config"] == {
+        "parallelism_config_dp_shard_size": 2,
+        "parallelism_config_tp_size": 2,
+    }
+    assert main(["launch", "--dry_run", "--use_parallelism_config", str(script)]) == 0
+    handed = json.loads(capsys.readouterr().out.split("ACCEL_LAUNCH_CONFIG=", 1)[1].split("\n")[0])
+    assert handed["parallelism_config"] == {"parallelism_config_dp_replicate_size": 1}

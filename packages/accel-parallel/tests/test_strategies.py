@@ -25,7 +25,7 @@ def test_selection_follows_the_number_of_processes() -> None:
     assert isinstance(select_strategy(ProcessInfo(CPU, num_processes=2)), DDPStrategy)
     with pytest.raises(ValueError, match="cannot run 2 processes"):
         select_strategy(ProcessInfo(CPU, num_processes=2), name="single_device")
-    with pytest.raises(NotImplementedError, match="'deepspeed' is not available"):
+    with pytest.raises(TypeError, match="must be a DeepSpeedPlugin"):
         select_strategy(ProcessInfo(CPU), deepspeed_plugin=object())
     plugin = FullyShardedDataParallelPlugin()
     assert isinstance(select_strategy(ProcessInfo(CPU), fsdp_plugin=plugin), FSDP2Strategy)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -305,14 +306,16 @@ def test_familiar_module_paths() -> None:
     get_logger(__name__).info("hello", main_process_only=True)
 
 
-def test_unavailable_strategies_are_clear_errors(monkeypatch: pytest.MonkeyPatch) -> None:
-    launched = {"distributed_type": "DEEPSPEED", "cpu": True}
+def test_deepspeed_comes_from_the_launch_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("deepspeed is not installed")
+    launched = {"distributed_type": "DEEPSPEED", "cpu": True, "deepspeed_config": {"zero_stage": 3}}
     monkeypatch.setenv("ACCEL_LAUNCH_CONFIG", json.dumps(launched))
-    with pytest.raises(NotImplementedError, match="'deepspeed' is not available"):
-        Accelerator()
+    acc = Accelerator()
+    assert acc.strategy.name == "deepspeed" and acc.deepspeed_plugin.zero_stage == 3
     monkeypatch.delenv("ACCEL_LAUNCH_CONFIG")
     AcceleratorState._reset_state()
-    with pytest.raises(NotImplementedError, match="'deepspeed' is not available"):
+    with pytest.raises(TypeError, match="must be a DeepSpeedPlugin"):
         Accelerator(cpu=True, deepspeed_plugin=object())
 
 

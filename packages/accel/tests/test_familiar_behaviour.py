@@ -169,3 +169,70 @@ def test_a_failed_flush_fails_the_save_and_keeps_the_previous_checkpoint(
     acc.load_state(first)  # the previous checkpoint is whole and still the one in place
     for k, v in model.state_dict().items():
         assert torch.equal(v, saved[k])
+
+
+def _stateful_run(project, stop: int | None) -> list[int]:
+    from torch import nn
+    from torch.utils.data import DataLoader
+
+    from accel import DataLoaderConfiguration
+
+    AcceleratorState._reset_state()
+    acc = Accelerator(
+        cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True)
+    )
+    data = torch.arange(24, dtype=torch.float32).unsqueeze(1)
+    torch.manual_seed(0)
+    model = nn.Linear(1, 1)
+    loader = DataLoader(data, batch_size=2, shuffle=True, num_workers=2)
+    model, loader = acc.prepare(model, loader)
+    if stop is None and (project / "ck").exists():
+        acc.load_state(project / "ck")
+    seen = []
+    for k, batch in enumerate(loader):
+        seen += batch.flatten().int().tolist()
+        if k == stop:
+            state = loader.state_dict()
+            # torchdata's own state (2 workers: its snapshot layout) as of the last batch seen
+            assert state["_snapshot"]["_snapshot_step"] == stop + 1
+            acc.save_state(project / "ck")
+            break
+    return seen
+
+
+def test_stateful_dataloader_resumes_exactly_with_workers(tmp_path) -> None:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    full = _stateful_run(tmp_path / "full", None)
+    head = _stateful_run(tmp_path, 4)
+    tail = _stateful_run(tmp_path, None)
+    assert head + tail == full and sorted(full) == list(range(24))
+    AcceleratorState._reset_state()
+    acc = Accelerator(cpu=True, dataloader_config=__import__("accel").DataLoaderConfiguration(
+        use_stateful_dataloader=True))  # fmt: skip
+    prepared = acc.prepare(torch.utils.data.DataLoader(list(range(4)), batch_size=2))
+    assert isinstance(prepared.base_dataloader, StatefulDataLoader)
+
+
+def test_load_config_from_file_reads_what_accel_config_wrote(tmp_path, monkeypatch) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from accel.commands.config import default_config_file, load_config_from_file
+
+    assert default_config_file.endswith("default_config.yaml")
+    path = tmp_path / "cfg.yaml"
+    accel_cli = Path(sys.executable).with_name("accel")
+    subprocess.run(
+        [str(accel_cli), "config", "default", "--config_file", str(path)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    config = load_config_from_file(str(path))
+    assert config.to_dict()["distributed_type"] == config.distributed_type
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_config_from_file(str(tmp_path / "missing.yaml"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "empty"))
+    monkeypatch.delenv("ACCEL_CONFIG_FILE", raising=False)
+    with pytest.raises(FileNotFoundError, match="no default configuration file"):
+        load_config_from_file()

@@ -257,3 +257,35 @@ def test_fsdp2_with_bf16_and_nccl_trains_and_round_trips_a_sharded_checkpoint(tm
     assert r["backend"] == "nccl" and r["fsdp2"] and r["device"].startswith("cuda")
     assert r["losses"][-1] < 0.2 * r["losses"][0], r["losses"]
     assert r["restored"]
+
+
+def _placement_on_cuda() -> dict:
+    from accel import Accelerator
+    from accel.big_modeling import dispatch_model
+
+    acc = Accelerator()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    x = torch.randn(2, 4)
+    want = model(x)
+    model = dispatch_model(model, {"0": 0, "1": "cpu"})  # layer 1 offloaded, runs on cuda:0
+    prepared = acc.prepare(model)
+    kept = Accelerator(device_placement=False).prepare(nn.Linear(2, 2))
+    return {
+        "device": str(acc.device),
+        "first": str(prepared[0].weight.device),
+        "second_offloaded": prepared[1].weight.device.type == "meta",
+        "close": torch.allclose(prepared(x.to(acc.device)).cpu(), want, atol=1e-5),
+        "kept": str(kept.weight.device),
+    }
+
+
+def test_prepare_keeps_a_dispatched_model_and_device_placement_false_on_cuda():
+    (r,) = run_distributed(_placement_on_cuda, world_size=1, timeout=180)
+    assert r == {
+        "device": "cuda:0",
+        "first": "cuda:0",
+        "second_offloaded": True,
+        "close": True,
+        "kept": "cpu",
+    }

@@ -389,6 +389,16 @@ def attach_align_device_hook_on_blocks(
             return
     if not isinstance(offload, Mapping):
         offload = dict.fromkeys(execution_device, offload)
+    if module_name in execution_device and isinstance(module, (nn.ModuleList, nn.ModuleDict)):
+        # A container is never called, so a hook on it would never run: each child gets the
+        # container's placement as a block of its own.
+        children = [f"{module_name}.{name}" for name, _ in module.named_children()]
+        execution_device = {
+            **execution_device,
+            **dict.fromkeys(children, execution_device[module_name]),
+        }
+        offload = {**offload, **dict.fromkeys(children, bool(offload.get(module_name)))}
+        del execution_device[module_name]
     if module_name in execution_device:
         data = weights_map
         if offload.get(module_name) and module_name and weights_map is not None:

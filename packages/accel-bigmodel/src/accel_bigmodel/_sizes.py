@@ -210,6 +210,12 @@ def get_max_memory(max_memory: Mapping[Device, int | str] | None = None) -> dict
         device = normalize_device(key)
         check_device_exists(device)
         result[device] = convert_file_size_to_int(value)
+    if isinstance(max_memory, dict):
+        # Size strings in the caller's dict become bytes, as accelerate does: transformers
+        # compares the caller's values with the result afterwards.
+        for key, value in max_memory.items():
+            if isinstance(value, str):
+                max_memory[key] = result[normalize_device(key)]
     return dict(sorted(result.items(), key=lambda kv: _device_sort_key(kv[0])))
 
 

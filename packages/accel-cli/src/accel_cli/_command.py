@@ -20,8 +20,10 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 
 from accel_cli._config import ConfigError
+from accel_cli._deepspeed import deepspeed_command, uses_deepspeed_runner
 from accel_cli._environment import (
     ENV_ACCEL_CONFIG,
+    ENV_AS_ACCELERATE,
     ENV_CUDA_VISIBLE_DEVICES,
     ENV_DEBUG_MODE,
     ENV_MASTER_ADDR,
@@ -92,6 +94,8 @@ def build_command(
     `mpirun` is (path, "openmpi" | "hydra") for `mpirun_hostfile` runs (default: `find_mpirun`).
     """
     python = python or sys.executable
+    if uses_deepspeed_runner(config):
+        return deepspeed_command(config, target, args, module=module, python=python)
     program = worker_program(config, target, args, module=module, python=python)
     if config.mpirun_hostfile is not None:
         return mpirun_command(config, program, mpirun or find_mpirun())
@@ -166,7 +170,8 @@ def mpirun_command(
     if flavour == "openmpi":
         exported = (ENV_ACCEL_CONFIG, ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_OMP_NUM_THREADS)
         cmd = [path, "--hostfile", hostfile, "--npernode", per_node, "-n", total]
-        for name in exported + ((ENV_DEBUG_MODE,) if config.debug else ()):
+        exported += (ENV_DEBUG_MODE,) if config.debug else ()
+        for name in exported + ((ENV_AS_ACCELERATE,) if config.as_accelerate else ()):
             cmd += ["-x", name]
     else:
         cmd = [path, "-f", hostfile, "-ppn", per_node, "-n", total, "-genvall"]
@@ -187,6 +192,8 @@ def build_env(
     env[ENV_ACCEL_CONFIG] = json.dumps(config.to_worker_dict(), sort_keys=True)
     if config.debug:
         env[ENV_DEBUG_MODE] = "1"
+    if config.as_accelerate:
+        env[ENV_AS_ACCELERATE] = "1"
     if config.mpirun_hostfile is not None and config.main_process_port is not None:
         env[ENV_MASTER_ADDR] = config.main_process_ip or LOOPBACK
         env[ENV_MASTER_PORT] = str(config.main_process_port)

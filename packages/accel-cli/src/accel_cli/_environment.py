@@ -25,6 +25,10 @@ ENV_OMP_NUM_THREADS = "OMP_NUM_THREADS"
 # Written for --debug: accel-state checks shapes before collectives. Must equal
 # accel_state._ops.ENV_DEBUG_MODE (a test holds the two together).
 ENV_DEBUG_MODE = "ACCEL_DEBUG_MODE"
+# Written for --as_accelerate: the workers' `import accelerate` gets accel (read at interpreter
+# start by accel's start-up hook). Must equal accel._as_accelerate.ENV_AS_ACCELERATE (a test
+# holds the two together).
+ENV_AS_ACCELERATE = "ACCEL_AS_ACCELERATE"
 # The rendezvous of workers started by mpirun (accel-state reads them).
 ENV_MASTER_ADDR = "MASTER_ADDR"
 ENV_MASTER_PORT = "MASTER_PORT"

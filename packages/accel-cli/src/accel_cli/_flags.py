@@ -30,13 +30,10 @@ MEGATRON = (
     "Megatron-LM is not integrated in accel; use Megatron-LM's own launcher, or DDP (the "
     "default with several processes)"
 )
-DEEPSPEED = (
-    "the DeepSpeed engine is not in accel yet; run without it (DDP is the default with several "
-    "processes), or launch with `accelerate launch`"
-)
-PARALLELISM = (
-    "tensor, context and sequence parallel degrees (parallelism_config) are not in accel yet; "
-    "run data parallel (DDP, the default with several processes)"
+SEQUENCE_PARALLEL = (
+    "sequence parallel (parallelism_config_sp_*) is DeepSpeed-Ulysses, which accel does not "
+    "run; split long sequences with --parallelism_config_cp_size (torch's context parallel, "
+    "CUDA only)"
 )
 MSAMP = (
     "MS-AMP is not supported by accel-precision; use --fp8_backend te (TransformerEngine) or "
@@ -197,9 +194,8 @@ _OTHER = (
     _f("mpirun_hostfile", help="Start the CPU processes with mpirun and this hostfile."),
     _f("main_training_function", help="accelerate's TPU entry function (refused unless 'main')."),
     _switch("downcast_bf16", refused="--downcast_bf16 is the TPU's bf16 downcast: " + TPU),
-    _f("gradient_clipping", kind=float, refused="--gradient_clipping is DeepSpeed's setting and "
-       "the DeepSpeed engine is not in accel yet; call accelerator.clip_grad_norm_(parameters, "
-       "max_norm) in the training loop"),
+    _f("gradient_clipping", kind=float, help="DeepSpeed: clip every step to this norm "
+       "(without it, only accelerator.clip_grad_norm_ in the loop clips)."),
 )  # fmt: skip
 
 _TPU = (
@@ -217,22 +213,33 @@ _SAGEMAKER = (
     _f("aws_secret_access_key", refused=SAGEMAKER),
 )
 
+DEEPSPEED_LAUNCHERS = ("pdsh", "standard", "openmpi", "mvapich", "mpich", "slurm", "nossh")
 _DEEPSPEED = (
-    _switch("use_deepspeed", refused=DEEPSPEED),
-    _f("deepspeed_config_file", refused=DEEPSPEED),
-    _f("zero_stage", kind=int, refused=DEEPSPEED),
-    _f("offload_optimizer_device", refused=DEEPSPEED),
-    _f("offload_param_device", refused=DEEPSPEED),
-    _f("offload_optimizer_nvme_path", refused=DEEPSPEED),
-    _f("offload_param_nvme_path", refused=DEEPSPEED),
-    _f("zero3_init_flag", refused=DEEPSPEED),
-    _f("zero3_save_16bit_model", refused=DEEPSPEED),
-    _f("deepspeed_hostfile", refused=DEEPSPEED),
-    _f("deepspeed_exclusion_filter", refused=DEEPSPEED),
-    _f("deepspeed_inclusion_filter", refused=DEEPSPEED),
-    _f("deepspeed_multinode_launcher", refused=DEEPSPEED),
-    _f("deepspeed_moe_layer_cls_names", refused=DEEPSPEED),
-)
+    _switch("use_deepspeed", help="Train with DeepSpeed ZeRO; the flags below set its "
+            "deepspeed_config (accelerate's keys)."),
+    _f("deepspeed_config_file", help="A DeepSpeed JSON config; \"auto\" values are filled "
+       "from the run at prepare."),
+    _f("zero_stage", kind=int, help="ZeRO stage: 0, 1, 2 (default) or 3."),
+    _f("offload_optimizer_device", help="none, cpu (DeepSpeedCPUAdam) or nvme: where the "
+       "optimizer state lives."),
+    _f("offload_param_device", help="none, cpu or nvme: where ZeRO-3 parameters live."),
+    _f("offload_optimizer_nvme_path", help="Folder for --offload_optimizer_device nvme."),
+    _f("offload_param_nvme_path", help="Folder for --offload_param_device nvme."),
+    _f("zero3_init_flag", help="ZeRO-3: partition parameters as the model "
+       "is built (DeepSpeedPlugin.zero3_init())."),
+    _f("zero3_save_16bit_model", help="ZeRO-3: gather full 16-bit weights "
+       "for get_state_dict / save_model."),
+    _f("deepspeed_hostfile", help="Hostfile (`host slots=N` lines): several machines through "
+       "DeepSpeed's runner."),
+    _f("deepspeed_exclusion_filter", help="DeepSpeed runner --exclude, e.g. worker-2:0,1."),
+    _f("deepspeed_inclusion_filter", help="DeepSpeed runner --include, e.g. worker-1:0."),
+    _f("deepspeed_multinode_launcher", help="How DeepSpeed's runner reaches the machines: "
+       f"{', '.join(DEEPSPEED_LAUNCHERS)} (default pdsh; standard: torchrun on each machine)."),
+    _f("deepspeed_moe_layer_cls_names", help="Comma-separated MoE layer classes kept whole "
+       "under ZeRO-3."),
+)  # fmt: skip
+SECTION_KEYS.update({f.name: ("deepspeed_config", f.name) for f in _DEEPSPEED[1:]})
+SECTION_KEYS["gradient_clipping"] = ("deepspeed_config", "gradient_clipping")
 
 _FSDP = (
     _switch("use_fsdp", help="Shard parameters, gradients and optimizer state with FSDP2 "
@@ -297,18 +304,32 @@ _MEGATRON = (
 )
 
 _PARALLELISM = (
-    _switch("use_parallelism_config", refused=PARALLELISM),
-    *(
-        _f(f"parallelism_config_{n}", 1, int, refused=PARALLELISM)
-        for n in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size")
-    ),
-    _f("parallelism_config_cp_backend", "torch", choices=("torch",), refused=PARALLELISM),
-    _f("parallelism_config_cp_comm_strategy", "allgather", refused=PARALLELISM),
-    _f("parallelism_config_sp_backend", "deepspeed", choices=("deepspeed",), refused=PARALLELISM),
-    _f("parallelism_config_sp_seq_length", refused=PARALLELISM),
-    _f("parallelism_config_sp_seq_length_is_variable", True, loose_bool, refused=PARALLELISM),
-    _f("parallelism_config_sp_attn_implementation", "sdpa", refused=PARALLELISM),
-)
+    _switch("use_parallelism_config", help="Lay the processes out on a device mesh; the sizes "
+            "below shape it (none given: every process a data-parallel replica, DDP)."),
+    _f("parallelism_config_dp_replicate_size", 1, int, help="Replicas of the model (HSDP's "
+       "outer dimension)."),
+    _f("parallelism_config_dp_shard_size", 1, int, help="FSDP2 shards parameters over this "
+       "many processes."),
+    _f("parallelism_config_tp_size", 1, int, help="Tensor parallel: each weight split this "
+       "many ways."),
+    _f("parallelism_config_cp_size", 1, int, help="Context parallel (CUDA only): sequences "
+       "split this many ways."),
+    _f("parallelism_config_cp_backend", "torch", choices=("torch",), help="torch's ring "
+       "attention."),
+    _f("parallelism_config_cp_comm_strategy", "allgather", choices=("allgather", "alltoall"),
+       help="How the ring attention exchanges keys and values."),
+    _f("parallelism_config_sp_size", 1, int, refused=SEQUENCE_PARALLEL),
+    _f("parallelism_config_sp_backend", "deepspeed", choices=("deepspeed",),
+       refused=SEQUENCE_PARALLEL),
+    _f("parallelism_config_sp_seq_length", refused=SEQUENCE_PARALLEL),
+    _f("parallelism_config_sp_seq_length_is_variable", True, loose_bool,
+       refused=SEQUENCE_PARALLEL),
+    _f("parallelism_config_sp_attn_implementation", "sdpa", refused=SEQUENCE_PARALLEL),
+)  # fmt: skip
+SECTION_KEYS.update({
+    f.name: ("parallelism_config", f.name)
+    for f in _PARALLELISM if f.type is not None and not f.refused
+})  # fmt: skip
 
 FLAGS: tuple[Flag, ...] = (
     *_DYNAMO,
@@ -331,10 +352,10 @@ _GROUPS = (
     ("other", _OTHER),
     ("refused: TPU", _TPU),
     ("refused: SageMaker", _SAGEMAKER),
-    ("refused: DeepSpeed (not built yet)", _DEEPSPEED),
+    ("DeepSpeed ZeRO (with --use_deepspeed, or distributed_type: DEEPSPEED)", _DEEPSPEED),
     ("FSDP2 (with --use_fsdp, or distributed_type: FSDP in the file)", _FSDP),
     ("refused: Megatron-LM", _MEGATRON),
-    ("refused: parallelism_config (not built yet)", _PARALLELISM),
+    ("ParallelismConfig: one device mesh (parallelism_config)", _PARALLELISM),
 )
 
 

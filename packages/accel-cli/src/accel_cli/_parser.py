@@ -91,6 +91,14 @@ def _add_launch(sub: argparse._SubParsersAction) -> None:
         help="Print no informational lines (overrides are still reported).",
     )
     p.add_argument(
+        "--as_accelerate",
+        "--as-accelerate",
+        action="store_true",
+        default=None,
+        help="In every process, `import accelerate` imports accel (sets ACCEL_AS_ACCELERATE=1): "
+        "transformers' Trainer, PEFT and other accelerate clients run on accel.",
+    )
+    p.add_argument(
         "--dry_run",
         "--dry-run",
         action="store_true",

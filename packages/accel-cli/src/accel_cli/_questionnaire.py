@@ -36,10 +36,6 @@ _OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 _DS_LAUNCHERS = ("pdsh", "standard", "openmpi", "mvapich", "mpich", "nossh", "slurm")
 _DYNAMO_BACKENDS = ("inductor", "eager", "aot_eager", "cudagraphs", "onnxrt", "tensorrt")
 _DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune")
-_ENGINE_NOTE = (
-    "note: accel does not run the {engine} engine yet; `accel config validate` and `accel "
-    "launch` accept this file, and the Accelerator stops with a clear error until it does."
-)
 
 
 class Asker:
@@ -193,8 +189,6 @@ def run_questionnaire(asker: Asker) -> dict[str, Any]:
     if precision is None:  # the DeepSpeed JSON file decides
         del base["mixed_precision"]
     base.update(values)
-    if engine not in ("DDP", "FSDP"):  # DeepSpeed is not built yet
-        asker.out.write(_ENGINE_NOTE.format(engine=engine) + "\n")
     return base
 
 
@@ -365,7 +359,8 @@ def _ask_deepspeed(asker: Asker, num_machines: int) -> dict[str, Any]:
             out["gradient_clipping"] = asker.ask("Clip to what norm?", _positive_float, 1.0)
         if out["zero_stage"] == 3:
             out["zero3_save_16bit_model"] = asker.yes("Save a 16-bit model with ZeRO-3?")
-    out["zero3_init_flag"] = asker.yes("Build the model already partitioned (zero3_init)?")
+    if out.get("zero_stage", 3) == 3:  # ZeRO-3, or a JSON file that may say so
+        out["zero3_init_flag"] = asker.yes("Build the model already partitioned (zero3_init)?")
     if num_machines > 1:
         launcher = asker.choose("Which multi-node launcher?", _DS_LAUNCHERS)
         out["deepspeed_multinode_launcher"] = launcher

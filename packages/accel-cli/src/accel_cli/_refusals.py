@@ -44,7 +44,10 @@ def _value_refusal(name: str, value: Any) -> str | None:
 
 
 def flag_refusals(
-    given: Mapping[str, Any], mixed_precision: str = "no", fsdp_from_file: bool = False
+    given: Mapping[str, Any],
+    mixed_precision: str = "no",
+    fsdp_from_file: bool = False,
+    deepspeed_from_file: bool = False,
 ) -> list[str]:
     """One message per given flag that asks for something accel does not provide."""
     out = []
@@ -73,6 +76,17 @@ def flag_refusals(
             f"{', '.join(fsdp_flags)}: FSDP settings apply only to an FSDP run; add --use_fsdp "
             f"(or distributed_type: FSDP in the config file) or drop them."
         )
+    ds_flags = [
+        f"--{n}" for n, (section, _) in SECTION_KEYS.items()
+        if section == "deepspeed_config" and given.get(n) is not None
+    ]  # fmt: skip
+    if ds_flags and not given.get("use_deepspeed") and not deepspeed_from_file:
+        out.append(
+            f"{', '.join(ds_flags)}: DeepSpeed settings apply only to a DeepSpeed run; add "
+            f"--use_deepspeed (or distributed_type: DEEPSPEED in the config file) or drop them."
+        )
+    if given.get("use_deepspeed") and (given.get("use_fsdp") or fsdp_from_file):
+        out.append("--use_deepspeed and FSDP contradict: pick one engine.")
     main = given.get("main_training_function")
     if main is not None and main != "main":
         out.append(
@@ -93,6 +107,10 @@ def section_refusals(handed_down: Mapping[str, Any]) -> list[str]:
         why = _value_refusal(flag_name, value)
         if why is not None:
             out.append(f"{section}.{key}: {value!r}: {why}.")
+    for key, value in (handed_down.get("parallelism_config") or {}).items():
+        flag = BY_NAME.get(key)  # its keys are the flags' names
+        if flag is not None and flag.refused and not flag.is_default(value):
+            out.append(f"parallelism_config.{key}: {value!r}: {flag.refused}.")
     return out
 
 
@@ -116,7 +134,14 @@ def with_flag_sections(config: LaunchConfig, given: Mapping[str, Any]) -> Launch
         sections.setdefault(section, {})[key] = value
     if given.get("use_fsdp"):
         handed["distributed_type"] = "FSDP"
-    for section in ("dynamo_config", "fp8_config", "fsdp_config"):
+    if given.get("use_parallelism_config"):  # a mesh even with no size given (DDP replicas)
+        sections.setdefault("parallelism_config", {}).setdefault(
+            "parallelism_config_dp_replicate_size", 1
+        )
+    if given.get("use_deepspeed"):
+        handed["distributed_type"] = "DEEPSPEED"
+    sections_out = ("dynamo_config", "fp8_config", "fsdp_config", "deepspeed_config")
+    for section in (*sections_out, "parallelism_config"):
         if sections.get(section):
             handed[section] = sections[section]
     return dataclasses.replace(config, handed_down=handed)
@@ -124,8 +149,11 @@ def with_flag_sections(config: LaunchConfig, given: Mapping[str, Any]) -> Launch
 
 def check_launch(config: LaunchConfig, given: Mapping[str, Any], file: ConfigFile | None) -> None:
     """Raise one ConfigError listing everything this launch asks for that accel refuses."""
-    fsdp_file = config.handed_down.get("distributed_type") == "FSDP"
-    problems = flag_refusals(given, config.mixed_precision, fsdp_from_file=fsdp_file)
+    kind = config.handed_down.get("distributed_type")
+    problems = flag_refusals(
+        given, config.mixed_precision, fsdp_from_file=kind == "FSDP",
+        deepspeed_from_file=kind == "DEEPSPEED",
+    )  # fmt: skip
     problems += [] if file is None else list(file.refused)
     if given.get("no_python") and given.get("module"):
         problems.append("--no_python and -m/--module contradict: pick one.")

@@ -20,6 +20,8 @@ The workers receive the result as one JSON object in `$ACCEL_LAUNCH_CONFIG`
     config_file                  str | null: the file that was read, for the record
     debug                        bool: check shapes before collectives (also sets
                                  ACCEL_DEBUG_MODE=1 for the workers)
+    as_accelerate                bool: the workers' `import accelerate` gets accel (also sets
+                                 ACCEL_AS_ACCELERATE=1 for the workers)
     enable_cpu_affinity          bool: each process was pinned to its share of the cores
     explicit                     [str]: the fields above that a flag or the file set (the
                                  rest are defaults; code may override them silently)
@@ -67,6 +69,7 @@ class LaunchConfig:
     same_network: bool = False
     enable_cpu_affinity: bool = False
     debug: bool = False
+    as_accelerate: bool = False
     mpirun_hostfile: str | None = None
     # torchrun's own options, passed through (see `torchrun --help`).
     tee: str = "0"
@@ -189,6 +192,7 @@ class LaunchConfig:
             "gpu_ids": self.gpu_ids,
             "config_file": self.config_file,
             "debug": self.debug,
+            "as_accelerate": self.as_accelerate,
             "enable_cpu_affinity": self.enable_cpu_affinity,
             "explicit": list(self.explicit),
             **self.handed_down,
@@ -286,7 +290,15 @@ _INT_FIELDS = frozenset(
     }
 )
 _BOOL_FIELDS = frozenset(
-    {"cpu", "multi_gpu", "same_network", "enable_cpu_affinity", "debug", "no_python"}
+    {
+        "cpu",
+        "multi_gpu",
+        "same_network",
+        "enable_cpu_affinity",
+        "debug",
+        "as_accelerate",
+        "no_python",
+    }
 )
 
 

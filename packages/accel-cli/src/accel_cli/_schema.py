@@ -201,17 +201,11 @@ REFUSED_KEYS: dict[str, tuple[Any, str]] = {
     **dict.fromkeys(_SAGEMAKER_KEYS, (None, _SAGEMAKER)),
 }
 # Keys of sections accel does not provide: set to anything, they are refused.
-REFUSED_SECTIONS: dict[str, str] = {
-    "deepspeed_config": "the DeepSpeed engine is not in accel yet (run DDP, or use accelerate "
-    "launch)",
-    "parallelism_config": "tensor, context and sequence parallel degrees are not in accel yet "
-    "(run data parallel, DDP)",
-}
+REFUSED_SECTIONS: dict[str, str] = {}
 # distributed_type values accel does not provide.
 REFUSED_TYPES: dict[str, str] = {
     "XLA": _TPU,
     "MEGATRON_LM": REFUSED_KEYS["megatron_lm_config"][1],
-    "DEEPSPEED": REFUSED_SECTIONS["deepspeed_config"],
 }
 
 # Accepted and not acted on, by accelerate's launch either.

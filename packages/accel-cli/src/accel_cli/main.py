@@ -36,6 +36,7 @@ from accel_cli._config import (
 )
 from accel_cli._environment import (
     ENV_ACCEL_CONFIG,
+    ENV_AS_ACCELERATE,
     ENV_DEBUG_MODE,
     ENV_OMP_NUM_THREADS,
     default_config_path,
@@ -77,6 +78,7 @@ _FIELD_FLAGS = (
     "same_network",
     "enable_cpu_affinity",
     "debug",
+    "as_accelerate",
     "mpirun_hostfile",
     "tee",
     "log_dir",
@@ -115,7 +117,12 @@ def launch_command(args: argparse.Namespace) -> int:
     env = build_env(config, os.environ, cpu_cores=cores)
     if args.dry_run:
         print(shlex.join(cmd))
-        for name in (ENV_OMP_NUM_THREADS, "CUDA_VISIBLE_DEVICES", ENV_DEBUG_MODE):
+        for name in (
+            ENV_OMP_NUM_THREADS,
+            "CUDA_VISIBLE_DEVICES",
+            ENV_DEBUG_MODE,
+            ENV_AS_ACCELERATE,
+        ):
             if env.get(name) != os.environ.get(name):
                 print(f"{name}={env[name]}")
         print(f"{ENV_ACCEL_CONFIG}={env[ENV_ACCEL_CONFIG]}")

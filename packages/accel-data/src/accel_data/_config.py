@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(kw_only=True)
 class DataLoaderConfiguration:
     """How prepared loaders split data across processes (accelerate's field names).
 
@@ -21,6 +21,9 @@ class DataLoaderConfiguration:
     - `data_seed`: base seed of that sampler (epoch e uses `data_seed + e`).
     - `non_blocking`: device copies are non-blocking (useful with `pin_memory=True`).
     - `use_stateful_dataloader`: rebuild the loader as torchdata's `StatefulDataLoader`.
+
+    Fields may be assigned after creation, as transformers' Trainer does; every assignment is
+    validated, and an unknown name is refused.
     """
 
     split_batches: bool = False
@@ -31,29 +34,31 @@ class DataLoaderConfiguration:
     non_blocking: bool = False
     use_stateful_dataloader: bool = False
 
-    def __post_init__(self) -> None:
-        for name in (
-            "split_batches",
-            "even_batches",
-            "use_seedable_sampler",
-            "non_blocking",
-            "use_stateful_dataloader",
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, bool):
-                raise TypeError(f"DataLoaderConfiguration.{name} must be a bool, got {value!r}")
-        if self.dispatch_batches is not None and not isinstance(self.dispatch_batches, bool):
-            raise TypeError(
-                f"DataLoaderConfiguration.dispatch_batches must be None or a bool, "
-                f"got {self.dispatch_batches!r}"
+    def __setattr__(self, name: str, value: Any) -> None:
+        fields = {f.name for f in dataclasses.fields(self)}
+        if name not in fields:
+            raise AttributeError(
+                f"DataLoaderConfiguration has no field {name!r}; fields: {sorted(fields)}."
             )
-        if self.data_seed is not None and (
-            isinstance(self.data_seed, bool) or not isinstance(self.data_seed, int)
-        ):
-            raise TypeError(
-                f"DataLoaderConfiguration.data_seed must be None or an int, got {self.data_seed!r}"
-            )
+        _check(name, value)
+        object.__setattr__(self, name, value)
 
     def prepare_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of `prepare_data_loader` that this configuration sets."""
         return dataclasses.asdict(self)
+
+
+def _check(name: str, value: Any) -> None:
+    """Validate one field of DataLoaderConfiguration."""
+    if name == "dispatch_batches":
+        if value is not None and not isinstance(value, bool):
+            raise TypeError(
+                f"DataLoaderConfiguration.dispatch_batches must be None or a bool, got {value!r}"
+            )
+    elif name == "data_seed":
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise TypeError(
+                f"DataLoaderConfiguration.data_seed must be None or an int, got {value!r}"
+            )
+    elif not isinstance(value, bool):
+        raise TypeError(f"DataLoaderConfiguration.{name} must be a bool, got {value!r}")

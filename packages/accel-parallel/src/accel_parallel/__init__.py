@@ -1,7 +1,8 @@
 """accel-parallel: training strategies that wrap a model and its optimizer.
 
-One small object per backend behind `Strategy` (single device, DDP, FSDP2);
-`select_strategy` picks it once.
+One small object per backend behind `Strategy` (single device, DDP, FSDP2, DeepSpeed ZeRO,
+and the tensor-parallel / FSDP2 mesh of a `ParallelismConfig`); `select_strategy` picks it
+once.
 """
 
 from accel_parallel._ddp import (
@@ -9,6 +10,13 @@ from accel_parallel._ddp import (
     DDPStrategy,
     DistributedDataParallelKwargs,
     register_comm_hook,
+)
+from accel_parallel._deepspeed import DeepSpeedStrategy
+from accel_parallel._deepspeed_plugin import (
+    DeepSpeedPlugin,
+    DummyOptim,
+    DummyScheduler,
+    HfDeepSpeedConfig,
 )
 from accel_parallel._fsdp import FSDP2Strategy
 from accel_parallel._fsdp_plugin import FullyShardedDataParallelPlugin
@@ -22,28 +30,51 @@ from accel_parallel._io import (
     staged_writes,
     staging,
 )
+from accel_parallel._mesh import MeshStrategy, mesh_local_rank
+from accel_parallel._parallelism_config import (
+    ParallelismConfig,
+    TorchContextParallelConfig,
+    TorchTensorParallelConfig,
+    TorchTensorParallelPlugin,
+    resolve_parallelism_config,
+)
 from accel_parallel._select import select_strategy
 from accel_parallel._single import SingleDeviceStrategy
 from accel_parallel._strategy import ProcessInfo, Strategy, no_sync_all
+from accel_parallel._tp import ReplicateParallel, apply_tensor_parallel
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DDPCommunicationHookType",
     "DDPStrategy",
+    "DeepSpeedPlugin",
+    "DeepSpeedStrategy",
     "DistributedDataParallelKwargs",
+    "DummyOptim",
+    "DummyScheduler",
     "FSDP2Strategy",
     "FullyShardedDataParallelPlugin",
+    "HfDeepSpeedConfig",
+    "MeshStrategy",
+    "ParallelismConfig",
     "ProcessInfo",
+    "ReplicateParallel",
     "SingleDeviceStrategy",
     "Strategy",
+    "TorchContextParallelConfig",
+    "TorchTensorParallelConfig",
+    "TorchTensorParallelPlugin",
     "add_job",
+    "apply_tensor_parallel",
     "deferred_fsync",
     "deferred_write",
     "fsync_dir",
     "fsync_file",
+    "mesh_local_rank",
     "no_sync_all",
     "register_comm_hook",
+    "resolve_parallelism_config",
     "save_object",
     "select_strategy",
     "staged_writes",

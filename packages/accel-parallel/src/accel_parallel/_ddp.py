@@ -142,6 +142,7 @@ class DDPStrategy(Strategy):
 
     name = "ddp"
     supports_no_sync = True
+    reshardable = True  # full (replicated) states: they load on any number of processes
 
     def __init__(
         self, info: ProcessInfo, kwargs: DistributedDataParallelKwargs | None = None
@@ -153,7 +154,10 @@ class DDPStrategy(Strategy):
         model = self.move_model(model)
         if not any(p.requires_grad for p in model.parameters()):
             return model  # nothing to synchronize (e.g. a frozen teacher model)
-        device_ids = None if self.device.type == "cpu" else [self.device.index or 0]
+        # DDP names the device of a module on one GPU; none for CPU or multi-device modules
+        devices = {p.device for p in model.parameters()}
+        only = next(iter(devices)) if len(devices) == 1 else torch.device("cpu")
+        device_ids = None if only.type == "cpu" else [only.index or 0]
         wrapped = nn.parallel.DistributedDataParallel(
             model,
             device_ids=device_ids,

@@ -22,9 +22,11 @@ _SHARDING = {
 }
 _REFUSED_SHARDING = {
     "NO_SHARD": "NO_SHARD keeps full replicas: that is DDP; run without an fsdp plugin",
-    "HYBRID_SHARD": "hybrid sharding needs a 2-D device mesh (ParallelismConfig), not built yet",
-    "_HYBRID_SHARD_ZERO2": "hybrid sharding needs a 2-D device mesh (ParallelismConfig), not "
-    "built yet",
+    "HYBRID_SHARD": "hybrid sharding is set by a 2-D device mesh: pass Accelerator("
+    "parallelism_config=ParallelismConfig(dp_replicate_size=..., dp_shard_size=...))",
+    "_HYBRID_SHARD_ZERO2": "hybrid sharding is set by a 2-D device mesh: pass Accelerator("
+    "parallelism_config=ParallelismConfig(dp_replicate_size=..., dp_shard_size=...)) with "
+    "reshard_after_forward=False",
 }
 _WRAP_POLICIES = ("transformer_based_wrap", "size_based_wrap", "no_wrap")
 _STATE_DICT_TYPES = ("SHARDED_STATE_DICT", "FULL_STATE_DICT")

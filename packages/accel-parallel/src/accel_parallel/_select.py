@@ -22,14 +22,17 @@ def select_strategy(
     deepspeed_plugin: Any = None,
     launch_config: Mapping[str, Any] | None = None,
     mixed_precision: str = "no",
+    parallelism_config: Any = None,
     **options: Any,
 ) -> Strategy:
     """The strategy for this run.
 
     Strongest first: `name`; a plugin (`fsdp_plugin` -> FSDP2, `deepspeed_plugin` ->
     DeepSpeed); the `accel launch` configuration (`distributed_type: FSDP` with its
-    `fsdp_config` section); else DDP with several processes and a single device with one.
+    `fsdp_config` section, `distributed_type: DEEPSPEED` with its `deepspeed_config`); else DDP with several processes and a single device with one.
     `mixed_precision` is the run's mode (FSDP2 derives its parameter dtype from it).
+    A `parallelism_config` that shards, splits tensors or contexts gives the mesh strategy
+    (FSDP2 with the fsdp plugin's settings, over its data-parallel dimensions).
     """
     if options:
         raise TypeError(f"select_strategy got unknown options {sorted(options)}.")
@@ -44,6 +47,16 @@ def select_strategy(
             name = "deepspeed"
         else:
             name = launched or ("ddp" if info.num_processes > 1 else "single_device")
+    if parallelism_config is not None:
+        mesh = _mesh_strategy(info, name, parallelism_config, fsdp_plugin, launch, mixed_precision)
+        if mesh is not None:
+            if ddp_kwargs is not None:
+                raise ValueError(
+                    "DistributedDataParallelKwargs apply to DDP, and this ParallelismConfig "
+                    "runs FSDP2 / tensor parallel over a device mesh; drop the DDP kwargs "
+                    "handler (or use only dp_replicate_size for DDP)."
+                )
+            return mesh
     if name == "single_device":
         if info.num_processes > 1:
             raise ValueError(
@@ -61,9 +74,41 @@ def select_strategy(
                 launch.get("fsdp_config") or {}
             )
         return FSDP2Strategy(info, fsdp_plugin, mixed_precision=mixed_precision)
-    if name in _KNOWN:
-        raise NotImplementedError(
-            f"strategy {name!r} is not available in this version of accel-parallel; available: "
-            f"'single_device', 'ddp', 'fsdp'."
-        )
+    if name == "deepspeed":
+        from accel_parallel._deepspeed import DeepSpeedStrategy
+        from accel_parallel._deepspeed_plugin import DeepSpeedPlugin
+
+        if deepspeed_plugin is None:
+            deepspeed_plugin = DeepSpeedPlugin.from_launch_config(
+                launch.get("deepspeed_config") or {}
+            )
+        return DeepSpeedStrategy(info, deepspeed_plugin, mixed_precision=mixed_precision)
     raise ValueError(f"Unknown strategy {name!r}; expected one of {list(_KNOWN)}.")
+
+
+def _mesh_strategy(
+    info: ProcessInfo,
+    name: str,
+    config: Any,
+    fsdp_plugin: Any,
+    launch: Mapping[str, Any],
+    mixed_precision: str,
+) -> Strategy | None:
+    """The mesh strategy when `config` asks for more than replicas (those are DDP's)."""
+    config = config.resolved(info.num_processes)
+    if not (config.dp_shard_enabled or config.tp_enabled or config.cp_enabled):
+        return None
+    if name not in ("fsdp", "ddp"):
+        raise ValueError(
+            f"ParallelismConfig(dp_shard_size={config.dp_shard_size}, tp_size={config.tp_size}, "
+            f"cp_size={config.cp_size}) runs on the FSDP2 mesh strategy, not on {name!r}; "
+            f"drop the {name} plugin or the ParallelismConfig."
+        )
+    from accel_parallel._fsdp_plugin import FullyShardedDataParallelPlugin
+    from accel_parallel._mesh import MeshStrategy
+
+    if fsdp_plugin is None:
+        fsdp_plugin = FullyShardedDataParallelPlugin.from_launch_config(
+            launch.get("fsdp_config") or {}
+        )
+    return MeshStrategy(info, config, fsdp_plugin, mixed_precision=mixed_precision)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ class Strategy:
     supports_no_sync = False
     sharded = False  # parameters are sharded: fp16 needs a scaler that agrees across ranks
     reshardable = False  # its checkpoints load on a different number of processes
+    engine_precision: str | None = None  # the engine casts and scales itself in this mode
 
     def __init__(self, info: ProcessInfo) -> None:
         self.info = info
@@ -57,7 +58,59 @@ class Strategy:
     def device(self) -> torch.device:
         return self.info.device
 
+    # -- data parallel (a device mesh narrows these to its data-parallel dimensions) ------
+    device_mesh: Any = None
+
+    @property
+    def data_parallel_size(self) -> int:
+        """How many different batches one step sees (processes that share one see one)."""
+        return self.info.num_processes
+
+    @property
+    def data_parallel_rank(self) -> int:
+        return self.info.process_index
+
+    def data_parallel_group(self) -> Any:
+        """The process group of this process's data-parallel peers (None: every process)."""
+        return None
+
+    def context_parallel(
+        self,
+        buffers: list[torch.Tensor] | None = None,
+        buffer_seq_dims: list[int] | None = None,
+        no_restore_buffers: set[torch.Tensor] | None = None,
+    ) -> contextlib.AbstractContextManager[None]:
+        """Split the buffers along their sequence dimension inside the block (context
+        parallel); a no-op where there is none."""
+        return contextlib.nullcontext()
+
     # -- preparing -----------------------------------------------------------------------
+    def begin_prepare(
+        self,
+        objects: Sequence[Any],
+        *,
+        gradient_accumulation_steps: int = 1,
+        split_batches: bool = False,
+        sync_gradients: Callable[[], bool] | None = None,
+    ) -> None:
+        """See every object of one `prepare` call before anything is wrapped, with the run's
+        accumulation settings and a function telling whether this micro-step syncs (an engine
+        that configures itself from data loaders and schedulers reads them here)."""
+
+    def default_accumulation_steps(self) -> int | None:
+        """The accumulation steps the engine's own configuration fixes (None: no opinion)."""
+        return None
+
+    def engine_scheduler(self, scheduler: Any) -> Any:
+        """The scheduler the engine steps itself in place of `scheduler` (None: the caller
+        steps `scheduler`)."""
+        return None
+
+    def model_init_context(self) -> contextlib.AbstractContextManager[Any]:
+        """Build a model inside this block to let the strategy place or partition it as it
+        is made (ZeRO-3's zero.Init); a no-op by default."""
+        return contextlib.nullcontext()
+
     def prepare(
         self, models: list[nn.Module], optimizers: list[torch.optim.Optimizer]
     ) -> tuple[list[nn.Module], list[torch.optim.Optimizer]]:
@@ -68,12 +121,24 @@ class Strategy:
         before sharding at the sharded parameters)."""
         return [self.wrap_model(m) for m in models], optimizers
 
+    @contextlib.contextmanager
+    def keeping_placement(self) -> Iterator[None]:
+        """Models wrapped inside the block stay on the devices they are on
+        (`Accelerator(device_placement=False)`); a wrapper then uses the model's device."""
+        saved, self._keep_placement = getattr(self, "_keep_placement", False), True
+        try:
+            yield
+        finally:
+            self._keep_placement = saved
+
     def move_model(self, model: nn.Module) -> nn.Module:
         if any(p.device.type == "meta" for p in model.parameters()):
             raise ValueError(
                 "The model has parameters on the meta device (made under init_empty_weights?); "
                 "load its weights first (e.g. load_checkpoint_in_model) before prepare()."
             )
+        if getattr(self, "_keep_placement", False):
+            return model
         return model.to(self.device)
 
     def wrap_model(self, model: nn.Module) -> nn.Module:

@@ -172,25 +172,25 @@ def _verify(operation: str, data: Any, dim: int = 0) -> None:
         )
 
 
-def _world() -> int:
+def _world(group: Any = None) -> int:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
+        return dist.get_world_size(group)
     return 1
 
 
-def _gather_one(tensor: torch.Tensor) -> torch.Tensor:
+def _gather_one(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
     import torch.distributed as dist
 
-    world = dist.get_world_size()
+    world = dist.get_world_size(group)
     if tensor.ndim == 0:
         tensor = tensor[None]
     if not tensor.is_contiguous():
         tensor = tensor.contiguous()
     sizes = torch.tensor(tensor.shape, device=tensor.device, dtype=torch.long)
     all_sizes = [torch.empty_like(sizes) for _ in range(world)]
-    dist.all_gather(all_sizes, sizes)
+    dist.all_gather(all_sizes, sizes, group=group)
     shapes = [tuple(s.tolist()) for s in all_sizes]
     if any(s[1:] != shapes[0][1:] for s in shapes):
         raise ValueError(
@@ -202,30 +202,31 @@ def _gather_one(tensor: torch.Tensor) -> torch.Tensor:
         pad = tensor.new_zeros((longest - tensor.shape[0], *tensor.shape[1:]))
         tensor = torch.cat([tensor, pad])
     out = [torch.empty_like(tensor) for _ in range(world)]
-    dist.all_gather(out, tensor)
+    dist.all_gather(out, tensor, group=group)
     return torch.cat([o[: s[0]] for o, s in zip(out, shapes)])
 
 
-def gather(tensor: Any) -> Any:
-    """Concatenate each tensor across processes along the first dimension.
+def gather(tensor: Any, *, group: Any = None) -> Any:
+    """Concatenate each tensor across processes (of `group`, default all) along the first
+    dimension.
 
     Tensors whose first dimension differs between ranks are padded for the exchange and
     trimmed back, so the result holds exactly every rank's rows in rank order.
     """
-    if _world() == 1:
+    if _world(group) == 1:
         return tensor
     _verify("gather", tensor)
-    return recursively_apply(_gather_one, tensor, error_on_other_type=False)
+    return recursively_apply(lambda t: _gather_one(t, group), tensor, error_on_other_type=False)
 
 
-def gather_object(obj: Any) -> list[Any]:
+def gather_object(obj: Any, *, group: Any = None) -> list[Any]:
     """Gather picklable objects: lists and tuples are concatenated, anything else is listed."""
     import torch.distributed as dist
 
-    if _world() == 1:
+    if _world(group) == 1:
         return list(obj) if isinstance(obj, (list, tuple)) else [obj]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
     if isinstance(obj, (list, tuple)):
         return [item for part in out for item in part]
     return out
@@ -256,20 +257,21 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
     return object_list
 
 
-def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
-    """Sum or average each tensor across processes; returns new tensors, inputs are untouched."""
+def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0, *, group: Any = None) -> Any:
+    """Sum or average each tensor across processes (of `group`, default all); returns new
+    tensors, inputs are untouched."""
     import torch.distributed as dist
 
     if reduction not in ("sum", "mean", "none"):
         raise ValueError(f"reduction={reduction!r}: expected 'sum', 'mean' or 'none'.")
-    world = _world()
+    world = _world(group)
     if world > 1 and reduction != "none":
         _verify("reduce", tensor)
 
     def one(t: torch.Tensor) -> torch.Tensor:
         out = t.clone()
         if world > 1 and reduction != "none":
-            dist.all_reduce(out, op=dist.ReduceOp.SUM)
+            dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
             if reduction == "mean":
                 out = out / world if not out.is_floating_point() else out.div_(world)
         return out * scale if scale != 1.0 else out

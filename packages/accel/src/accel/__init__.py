@@ -6,13 +6,14 @@ re-exported from the packages that own them.
 
 from accel._accelerator import Accelerator
 from accel._accelerator_state import AcceleratorState
+from accel._as_accelerate import use_as_accelerate
 from accel._compat._imports import is_rich_available
-from accel._compat._left_out import DeepSpeedPlugin, ParallelismConfig, prepare_pippy
 from accel._config import ProfileKwargs, ProjectConfiguration
 from accel._dynamo import TorchDynamoPlugin
 from accel._gradient_state import GradientAccumulationPlugin, GradientState
 from accel._launchers import debug_launcher, notebook_launcher
 from accel._memory import find_executable_batch_size, release_memory
+from accel._pippy import prepare_pippy
 from accel._wrappers import AcceleratedOptimizer, AcceleratedScheduler
 from accel_bigmodel import (
     cpu_offload,
@@ -28,8 +29,10 @@ from accel_bigmodel import (
 from accel_data import DataLoaderConfiguration, skip_first_batches
 from accel_parallel import (
     DDPCommunicationHookType,
+    DeepSpeedPlugin,
     DistributedDataParallelKwargs,
     FullyShardedDataParallelPlugin,
+    ParallelismConfig,
 )
 from accel_precision import (
     AORecipeKwargs,
@@ -88,4 +91,5 @@ __all__ = [
     "release_memory",
     "skip_first_batches",
     "synchronize_rng_states",
+    "use_as_accelerate",
 ]

@@ -25,13 +25,20 @@ from accel._checkpointing import CheckpointingMixin
 from accel._config import ProfileKwargs, ProjectConfiguration, sort_kwargs_handlers
 from accel._dynamo import TorchDynamoPlugin, compile_model, resolve_dynamo_plugin
 from accel._gradient_state import GradientAccumulationPlugin, GradientState
+from accel._mesh_mixin import MeshMixin
 from accel._stopping import StoppingMixin
 from accel._tracking_mixin import TrackingMixin
 from accel._wrappers import AcceleratedOptimizer, AcceleratedScheduler
 from accel_data import DataLoaderConfiguration, prepare_data_loader, skip_first_batches
-from accel_parallel import ProcessInfo, no_sync_all, select_strategy
+from accel_parallel import (
+    ProcessInfo,
+    TorchTensorParallelPlugin,
+    no_sync_all,
+    resolve_parallelism_config,
+    select_strategy,
+)
 from accel_precision import FP8RecipeKwargs, make_precision
-from accel_state import PartialState, ProcessControl, resolved_launch_config
+from accel_state import ProcessControl, resolved_launch_config
 
 _NULL_CONTEXT = contextlib.nullcontext()
 
@@ -51,7 +58,7 @@ def _from_launch(name: str, code_value: Any, default: Any) -> Any:
     return code_value
 
 
-class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMixin):
+class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMixin, MeshMixin):
     """Runs an ordinary PyTorch training loop unchanged on one or many processes."""
 
     def __init__(
@@ -76,9 +83,12 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
         fsdp_plugin: Any = None,
         dynamo_backend: Any = None,
         dynamo_plugin: TorchDynamoPlugin | None = None,
+        torch_tp_plugin: TorchTensorParallelPlugin | None = None,
+        parallelism_config: Any = None,
+        deepspeed_plugins: Any = None,
     ) -> None:
         handlers = sort_kwargs_handlers(kwargs_handlers)
-        self.state = PartialState(
+        self.state = AcceleratorState(
             cpu=cpu, init_process_group_kwargs=handlers.get("init_process_group")
         )
         self.device_placement = device_placement
@@ -102,16 +112,28 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
             process_index=self.process_index,
             local_process_index=self.local_process_index,
         )
+        # The parallel degrees (code, else `accel launch`, else accelerate's variables).
+        if parallelism_config is None and torch_tp_plugin is not None:
+            parallelism_config = torch_tp_plugin.to_parallelism_config(self.num_processes)
+        self.parallelism_config = resolve_parallelism_config(
+            parallelism_config,
+            world_size=self.num_processes,
+            launch_section=launched.get("parallelism_config"),
+            environ=os.environ,
+        )
         # One place decides the engine (plugins, then the launch configuration); the
         # precision object is then made for it (a sharded engine needs a sharded scaler).
         self.strategy = select_strategy(
             info,
             ddp_kwargs=handlers.get("ddp"),
             fsdp_plugin=fsdp_plugin,
-            deepspeed_plugin=deepspeed_plugin,
+            deepspeed_plugin=_one_of(deepspeed_plugin, deepspeed_plugins, "deepspeed_plugin"),
             launch_config=launched,
             mixed_precision=mode,
+            parallelism_config=self.parallelism_config,
         )
+        if self.strategy.engine_precision is not None:
+            mode = "no"  # the engine casts the model and scales the loss itself
         self.precision = make_precision(
             mode,
             device_type=self.device.type,
@@ -123,6 +145,8 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
         self.dynamo_plugin = resolve_dynamo_plugin(
             dynamo_backend, dynamo_plugin, launched.get("dynamo_config") or {}
         )
+        if gradient_accumulation_steps is None and gradient_accumulation_plugin is None:
+            gradient_accumulation_steps = self.strategy.default_accumulation_steps()
         self.gradient_state = GradientState(
             _accumulation_plugin(gradient_accumulation_plugin, gradient_accumulation_steps)
         )
@@ -133,11 +157,16 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
         self.init_handler = handlers.get("init_process_group")
         self.autocast_handler = handlers.get("autocast")
         self.fp8_recipe_handler = handlers.get("fp8")
-        AcceleratorState._record(mixed_precision=self.precision.name)
+        AcceleratorState._record(
+            mixed_precision=self.mixed_precision,
+            deepspeed_plugins=getattr(self.strategy, "plugins", None),
+            strategy=self.strategy,
+        )
         self._models: list[nn.Module] = []
         self._optimizers: list[AcceleratedOptimizer] = []
         self._schedulers: list[AcceleratedScheduler] = []
         self._dataloaders: list[Any] = []
+        self._replaced_optimizers: dict[int, tuple[Any, Any]] = {}
         self._trigger = False
         self._init_tracking(log_with)
         self._init_checkpointing()
@@ -152,7 +181,11 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
     is_local_main_process = property(lambda self: self.state.is_local_main_process)
     is_last_process = property(lambda self: self.state.is_last_process)
     use_distributed = property(lambda self: self.state.use_distributed)
-    mixed_precision = property(lambda self: self.precision.name)
+    mixed_precision = property(lambda self: self.strategy.engine_precision or self.precision.name)
+    deepspeed_plugin = property(lambda self: self.state.deepspeed_plugin)
+    deepspeed_config = property(
+        lambda self: getattr(self.deepspeed_plugin, "deepspeed_config", None)
+    )
     is_fsdp2 = property(lambda self: self.strategy.name == "fsdp")
     scaler = property(lambda self: self.precision.scaler)  # the fp16 GradScaler, else None
     native_amp = property(lambda self: self.precision.name in ("fp16", "bf16"))
@@ -178,6 +211,15 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
         )
 
     @property
+    def step(self) -> int:
+        """Micro-batches since the start or the last end of a dataloader (under `accumulate`)."""
+        return self.gradient_state.micro_step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.gradient_state.micro_step = int(value)
+
+    @property
     def optimizer_step_was_skipped(self) -> bool:
         return any(opt.step_was_skipped for opt in self._optimizers)
 
@@ -197,13 +239,20 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
         models = [i for i, a in enumerate(args) if isinstance(a, nn.Module)]
         optims = [i for i, a in enumerate(args) if isinstance(a, torch.optim.Optimizer)]
         raw_optims = [getattr(args[i], "optimizer", args[i]) for i in optims]
+        self.strategy.begin_prepare(
+            args,
+            gradient_accumulation_steps=self.gradient_accumulation_steps,
+            split_batches=self.split_batches,
+            sync_gradients=lambda: self.gradient_state.sync_gradients,
+        )
         prepared = self._prepare_models(
             [args[i] for i in models], raw_optims, [placement[i] for i in models]
         )
         for i, model in zip(models, prepared):
             result[i] = model
         for i in optims:
-            result[i] = self._prepare_optimizer(args[i])
+            swap = self._replaced_optimizers.get(id(getattr(args[i], "optimizer", args[i])))
+            result[i] = self._prepare_optimizer(args[i] if swap is None else swap[1])
         for i, obj in enumerate(args):
             if _is_scheduler(obj):
                 result[i] = self._prepare_scheduler(obj)
@@ -228,18 +277,37 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
         their optimizers to the strategy, which wraps or shards them (and may re-point the
         optimizers at new parameters); compile last when asked."""
         out = list(models)
-        todo, known = [], set()
+        todo, kept, known = [], [], set()
         for i, model in enumerate(models):
             if any(model is m or self.unwrap_model(m) is model for m in self._models):
                 known.add(i)  # prepared before: returned as it is
                 continue
+            spread = _devices_of_dispatched(model)
+            if spread and (self.num_processes > 1 or self.strategy.sharded):
+                raise ValueError(
+                    f"This model was dispatched over several devices ({spread}); strategy "
+                    f"{self.strategy.name!r} on {self.num_processes} process(es) needs each "
+                    "process to hold a whole copy or a shard. Load it on one device per process "
+                    "(device_map={'': accelerator.local_process_index}) or shard it with FSDP."
+                )
             model = self.precision.convert_module(model, *optimizers)
             out[i] = self.precision.wrap_forward(model)
-            if placements[i] or self.num_processes > 1 or self.strategy.sharded:
+            if spread:
+                continue  # one process: it keeps its placement (naive model parallelism)
+            if placements[i] or self.strategy.sharded:
                 todo.append(i)
+            elif self.num_processes > 1:
+                kept.append(i)  # wrapped for DDP where it is (device_placement=False)
         if todo:
-            wrapped, _ = self.strategy.prepare([out[i] for i in todo], optimizers)
+            wrapped, new = self.strategy.prepare([out[i] for i in todo], optimizers)
+            self._note_replaced(optimizers, new)
             for i, model in zip(todo, wrapped):
+                out[i] = model
+        if kept:
+            with self.strategy.keeping_placement():
+                wrapped, new = self.strategy.prepare([out[i] for i in kept], optimizers)
+            self._note_replaced(optimizers, new)
+            for i, model in zip(kept, wrapped):
                 out[i] = model
         for i, model in enumerate(out):
             if i in known:
@@ -262,7 +330,17 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
     ) -> AcceleratedOptimizer:
         return self._prepare_optimizer(optimizer)
 
+    def _note_replaced(self, optimizers: list[Any], new: list[Any]) -> None:
+        """Remember the optimizers a strategy replaced (an engine's own optimizer), so that
+        prepare returns the replacement and schedulers made for the original follow it."""
+        for old, replacement in zip(optimizers, new):
+            if replacement is not old:
+                self._replaced_optimizers[id(old)] = (old, replacement)
+
     def _prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
+        swap = self._replaced_optimizers.get(id(getattr(scheduler, "optimizer", None)))
+        if swap is not None:
+            scheduler.optimizer = swap[1]
         inner = getattr(scheduler, "optimizer", None)
         optimizers = [o for o in self._optimizers if o.optimizer is inner or o is inner]
         if inner is not None and not optimizers:
@@ -272,13 +350,15 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
             )
         if isinstance(inner, AcceleratedOptimizer):
             scheduler.optimizer = inner.optimizer
+        owned = self.strategy.engine_scheduler(scheduler)  # the engine steps it itself
         wrapped = AcceleratedScheduler(
-            scheduler,
+            scheduler if owned is None else owned,
             optimizers,
             self.gradient_state,
+            stepped_by_engine=owned is not None,
             step_with_optimizer=self.step_scheduler_with_optimizer,
             split_batches=self.split_batches,
-            num_processes=self.num_processes,
+            num_processes=self.strategy.data_parallel_size,  # one step per data-parallel replica
         )
         self._schedulers.append(wrapped)
         return wrapped
@@ -287,10 +367,18 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
         return self._prepare_scheduler(scheduler)
 
     def _prepare_dataloader(self, dataloader: Any, placement: bool) -> Any:
+        # Processes of one tensor/context-parallel group read the same batches.
+        if self.dispatch_batches and self.strategy.data_parallel_size != self.num_processes:
+            raise ValueError(
+                f"dispatch_batches=True sends one batch slice to each of the {self.num_processes} "
+                f"processes, but this device mesh has {self.strategy.data_parallel_size} "
+                f"data-parallel ranks; use dispatch_batches=False (each data-parallel rank reads "
+                f"its own batches)."
+            )
         prepared = prepare_data_loader(
             dataloader,
-            num_processes=self.num_processes,
-            process_index=self.process_index,
+            num_processes=self.strategy.data_parallel_size,
+            process_index=self.strategy.data_parallel_rank,
             device=self.device,
             put_on_device=placement,
             iteration_observer=self._iteration_observer(),
@@ -337,6 +425,52 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
         with self.strategy.no_sync(model):
             yield
 
+    @contextlib.contextmanager
+    def join_uneven_inputs(
+        self, joinables: list[Any], even_batches: bool | None = None
+    ) -> Iterator[None]:
+        """Train on inputs of different lengths per process without hanging (DDP).
+
+        Inside the block, `torch.distributed.algorithms.Join` lets a process that ran out of
+        batches shadow the collectives of the others. `even_batches` overrides the prepared
+        DataLoaders' setting for the block (False: each process keeps its own, shorter share,
+        as accelerate does); the loaders get their own setting back afterwards.
+        """
+        if self.strategy.name != "ddp":
+            if self.num_processes > 1:
+                warnings.warn(
+                    f"join_uneven_inputs supports DDP only; with strategy "
+                    f"{self.strategy.name!r} the block runs without Join.",
+                    stacklevel=3,
+                )
+            yield
+            return
+        from torch.distributed.algorithms.join import Join
+
+        restore: list[tuple[Any, bool]] = []
+        if even_batches is None:
+            even_batches = self.even_batches
+        else:
+            for loader in self._dataloaders:
+                owner = getattr(loader, "batch_sampler", None)
+                if not hasattr(owner, "even_batches"):
+                    owner = loader if hasattr(loader, "even_batches") else None
+                if owner is None:
+                    warnings.warn(
+                        "join_uneven_inputs(even_batches=...) does not apply to a DataLoader "
+                        "over an iterable dataset; it keeps its own setting.",
+                        stacklevel=3,
+                    )
+                    continue
+                restore.append((owner, owner.even_batches))
+                owner.even_batches = even_batches
+        try:
+            with Join(joinables, enable=not even_batches, throw_on_early_termination=False):
+                yield
+        finally:
+            for owner, value in restore:
+                owner.even_batches = value
+
     def trigger_sync_in_backward(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
         """Force a gradient sync for the backward in this block (inside a no_sync region)."""
         return self.strategy.sync_in_backward(model)
@@ -377,10 +511,15 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """Gather across processes and drop the duplicates that padded the final batch."""
         all_tensors = _only_tensors(input_data)
-        if use_gather_object or not all_tensors:
-            data = accel_state.gather_object(input_data)
+        group = self._data_parallel_group()  # each data-parallel replica's samples once
+        if group is False:
+            data = input_data
+            if use_gather_object or not all_tensors:
+                data = list(data) if isinstance(data, (list, tuple)) else [data]
+        elif use_gather_object or not all_tensors:
+            data = accel_state.gather_object(input_data, group=group)
         else:
-            data = accel_state.gather(input_data)
+            data = accel_state.gather(input_data, group=group)
         if not self.gradient_state.end_of_dataloader:
             return data
         remainder = self.gradient_state.remainder
@@ -398,7 +537,18 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
         return accel_state.recursively_apply(lambda t: t[:remainder], data)
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        return accel_state.reduce(tensor, reduction, scale)
+        """Sum or average over the data-parallel replicas (every process without a mesh)."""
+        group = self._data_parallel_group()
+        if group is False:
+            return accel_state.reduce(tensor, "none", scale)
+        return accel_state.reduce(tensor, reduction, scale, group=group)
+
+    def _data_parallel_group(self) -> Any:
+        """The group whose processes hold different samples: None for every process, False
+        when this process is its only member (tensor/context parallel alone)."""
+        if self.strategy.data_parallel_size == 1 and self.num_processes > 1:
+            return False
+        return self.strategy.data_parallel_group()
 
     def pad_across_processes(
         self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
@@ -412,7 +562,7 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
     def check_trigger(self) -> bool:
         """True on every process if any process called `set_trigger` (then the flag resets)."""
         flag = torch.tensor([1.0 if self._trigger else 0.0], device=self._collective_device())
-        if self.reduce(flag, "sum").item() > 0:
+        if accel_state.reduce(flag, "sum").item() > 0:
             self._trigger = False
             return True
         return False
@@ -426,7 +576,11 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
     ) -> nn.Module:
         inner = self.strategy.unwrap_model(model)
         if keep_torch_compile and hasattr(model, "_orig_mod"):
-            inner = model  # the compiled module, as asked
+            # The compiled module, as asked. Compiled over a wrapper (DDP): the user's module
+            # under a compiled wrapper of its own, as accelerate returns it; the training model
+            # keeps its wrapper (accelerate re-points it, so it no longer syncs gradients).
+            stripped = model._orig_mod is not inner
+            inner = type(model)(inner, model.dynamo_ctx) if stripped else model
         if not keep_fp32_wrapper:
             inner = self.precision.unwrap_forward(inner)
         return inner
@@ -527,6 +681,16 @@ class _RngSyncObserver:
         self.gradient_state.end(loader)
 
 
+def _devices_of_dispatched(model: nn.Module) -> list[str]:
+    """The devices of a model dispatched over several (its `hf_device_map`), else []."""
+    for module in model.modules():
+        device_map = getattr(module, "hf_device_map", None)
+        if isinstance(device_map, dict):
+            devices = sorted({str(d) for d in device_map.values()})
+            return devices if len(devices) > 1 else []
+    return []
+
+
 def _is_scheduler(obj: Any) -> bool:
     return isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (
         hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "get_last_lr")
@@ -578,6 +742,13 @@ def _dataloader_config(
         if v is not None
     }
     return dataclasses.replace(config, **overrides) if overrides else config
+
+
+def _one_of(plugin: Any, plugins: Any, name: str) -> Any:
+    """`deepspeed_plugin` and `deepspeed_plugins` are one argument under two names."""
+    if plugin is not None and plugins is not None:
+        raise ValueError(f"pass {name} or {name}s, not both (they are the same argument).")
+    return plugin if plugins is None else plugins
 
 
 def _accumulation_plugin(

@@ -30,6 +30,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from accel._io import read_weights, weights_writer
+from accel._reshard import continue_data_position
 from accel_parallel import deferred_fsync, fsync_dir, fsync_file, save_object, staged_writes
 
 MARKER = "accel_checkpoint.json"
@@ -241,6 +242,10 @@ class CheckpointingMixin:
         state: dict[str, Any] = {
             "rng": _rng_state(),
             "dataloaders": [dl.state_dict() for dl in self._dataloaders],
+            # samples per global batch: what a resume on another number of processes needs
+            "dataloader_batch_sizes": [
+                getattr(dl, "total_batch_size", None) for dl in self._dataloaders
+            ],
             "gradient_state": self.gradient_state.state_dict(),
         }
         if self.gradient_state.step > 0:  # mid-accumulation: keep what was accumulated so far
@@ -369,21 +374,30 @@ class CheckpointingMixin:
     def _load_process_state(self, source: Path, meta: dict[str, Any]) -> None:
         saved_world = int(meta.get("num_processes", self.num_processes))
         same_world = saved_world == self.num_processes
-        # On another number of processes (a resharded resume), each process takes the state
-        # of the saved process with its index, or the last one.
+        # On another number of processes (see accel._reshard), each process takes the state
+        # of the saved process with its index, or the last one, except for the RNG.
+        existed = self.process_index < saved_world
         state = _load(source / f"process_{min(self.process_index, saved_world - 1)}.pt")
-        for dl, dl_state in zip(self._dataloaders, state["dataloaders"]):
+        notes = []
+        sizes = state.get("dataloader_batch_sizes") or [None] * len(state["dataloaders"])
+        for dl, dl_state, saved_total in zip(self._dataloaders, state["dataloaders"], sizes):
             if not same_world:
-                if dl_state.get("batches_yielded"):
-                    raise ValueError(
-                        f"{source} was saved by {saved_world} processes in the middle of an "
-                        f"epoch ({dl_state['batches_yielded']} batches into it); this run has "
-                        f"{self.num_processes}, whose batches are different slices of the data, so "
-                        f"the sample stream cannot continue exactly. Resume on {saved_world} "
-                        f"processes, or save at the end of an epoch to change their number."
+                now_total = getattr(dl, "total_batch_size", None)
+                try:
+                    dl_state, note = continue_data_position(
+                        dl_state, saved_total, now_total, self.num_processes
                     )
-                dl_state = {**dl_state, "num_processes": self.num_processes}
+                except ValueError as error:
+                    msg = f"{source} was saved by {saved_world} processes: {error}"
+                    raise ValueError(msg) from None
+                notes += [note] if note else []
             dl.load_state_dict(dl_state)
+        if notes and self.is_main_process:
+            warnings.warn(
+                f"load_state: {source} was saved by {saved_world} processes, this run has "
+                f"{self.num_processes}; the data position is approximate: " + "; ".join(notes),
+                stacklevel=3,
+            )
         self.gradient_state.load_state_dict(state["gradient_state"])
         for model, grads in zip(self._models, state.get("gradients", [])):
             if not same_world:
@@ -393,7 +407,14 @@ class CheckpointingMixin:
                     f"(this run has {self.num_processes}). Save at an accumulation boundary."
                 )
             self.strategy.load_gradients_state(model, grads)
-        _set_rng_state(state["rng"])
+        if existed:
+            _set_rng_state(state["rng"])
+        else:
+            warnings.warn(
+                f"load_state: process {self.process_index} did not exist in the run that saved "
+                f"{source} ({saved_world} processes), so it keeps its own random state.",
+                stacklevel=3,
+            )
 
     # -- model export ------------------------------------------------------------------------
     def save_model(

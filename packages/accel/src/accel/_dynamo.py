@@ -49,7 +49,8 @@ class TorchDynamoPlugin:
     use_regional_compilation: bool = False
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "backend", _name(self.backend) or "no")
+        backend = "no" if self.backend is None else _name(self.backend)  # None: not chosen
+        object.__setattr__(self, "backend", backend or "no")
         if self.mode is not None and self.mode not in MODES:
             raise ValueError(f"TorchDynamoPlugin.mode={self.mode!r}: expected one of {MODES}.")
         if self.mode is not None and self.options:

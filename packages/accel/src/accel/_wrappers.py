@@ -130,11 +130,13 @@ class AcceleratedScheduler:
         optimizers: list[AcceleratedOptimizer],
         gradient_state: GradientState,
         *,
+        stepped_by_engine: bool = False,
         step_with_optimizer: bool = True,
         split_batches: bool = False,
         num_processes: int = 1,
     ) -> None:
         self.scheduler = scheduler
+        self.stepped_by_engine = stepped_by_engine  # a DeepSpeed engine steps it in its step
         self.optimizers = optimizers
         self.gradient_state = gradient_state
         self.step_with_optimizer = step_with_optimizer
@@ -142,6 +144,8 @@ class AcceleratedScheduler:
         self.num_processes = num_processes
 
     def step(self, *args: Any, **kwargs: Any) -> None:
+        if self.stepped_by_engine:
+            return
         if not self.step_with_optimizer:
             self.scheduler.step(*args, **kwargs)
             return

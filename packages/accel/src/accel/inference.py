@@ -1,6 +1,6 @@
 """Familiar path `accelerate.inference`: re-exports from the packages that own the code."""
 
-from accel._compat._left_out import (
+from accel._pippy import (
     build_pipeline,
     find_pippy_batch_size,
     generate_device_map,

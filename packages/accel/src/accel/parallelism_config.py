@@ -1,5 +1,5 @@
 """Familiar path `accelerate.parallelism_config`: re-exports from the packages that own the code."""
 
-from accel._compat._left_out import ParallelismConfig
+from accel_parallel import ParallelismConfig
 
 __all__ = ["ParallelismConfig"]

@@ -34,3 +34,14 @@ TORCH_LAUNCH_PARAMS = [
     "m", "no_python", "run_path", "log_dir", "r", "redirects", "t", "tee", "node_rank",
     "master_addr", "master_port",
 ]  # fmt: skip
+# The option names of accelerate's FSDP settings, as transformers validates them.
+FSDP_SHARDING_STRATEGY = [
+    "FULL_SHARD",
+    "SHARD_GRAD_OP",
+    "NO_SHARD",
+    "HYBRID_SHARD",
+    "HYBRID_SHARD_ZERO2",
+]
+FSDP_AUTO_WRAP_POLICY = ["TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"]
+FSDP_BACKWARD_PREFETCH = ["BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"]
+FSDP_STATE_DICT_TYPE = ["FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT"]

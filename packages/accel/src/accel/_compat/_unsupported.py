@@ -34,10 +34,10 @@ SAGEMAKER = ("Amazon SageMaker launching", "Launch with `accel launch` inside th
 MEGATRON = ("Megatron-LM", "Use FSDP2 (FullyShardedDataParallelPlugin) or tensor parallelism.")
 BNB = ("bitsandbytes quantization", "Quantize with the bitsandbytes or transformers APIs directly.")
 MSAMP = ("MS-AMP", "Use mixed_precision='fp8' with TransformerEngine or torchao.")
-DEEPSPEED = ("DeepSpeed integration (not built yet)", "Use FSDP2 (FullyShardedDataParallelPlugin).")
-PIPPY = ("PiPPy pipeline inference", "Use torch.distributed.pipelining directly.")
-PARALLELISM = ("ParallelismConfig (2-D device meshes, not built yet)",
-               "Use FullyShardedDataParallelPlugin or DDP.")  # fmt: skip
+DEEPSPEED = (
+    "the part of accelerate's DeepSpeed integration beyond ZeRO 0-3",
+    "Use DeepSpeedPlugin for ZeRO, or deepspeed's own API.",
+)
 FSDP_INTERNAL = (
     "accelerate's FSDP internals",
     "accel's FSDP2 strategy does this inside prepare(), save_state() and load_state().",

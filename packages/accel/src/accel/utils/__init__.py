@@ -56,6 +56,12 @@ from accel._compat._extras import (
     load_offloaded_weights,
     tqdm,
 )
+from accel._compat._fsdp_files import (
+    load_fsdp_model,
+    load_fsdp_optimizer,
+    save_fsdp_model,
+    save_fsdp_optimizer,
+)
 from accel._compat._imports import (
     deepspeed_required,
     is_4bit_bnb_available,
@@ -120,7 +126,6 @@ from accel._compat._left_out import (
     AbstractTrainStep,
     BertTrainStep,
     BnbQuantizationConfig,
-    DeepSpeedPlugin,
     DeepSpeedSequenceParallelConfig,
     GatheredParameters,
     GPTTrainStep,
@@ -128,13 +133,9 @@ from accel._compat._left_out import (
     MegatronLMDummyScheduler,
     MegatronLMPlugin,
     MSAMPRecipeKwargs,
-    ParallelismConfig,
     PrepareForLaunch,
     SageMakerDistributedType,
     T5TrainStep,
-    TorchContextParallelConfig,
-    TorchTensorParallelConfig,
-    TorchTensorParallelPlugin,
     add_model_config_to_megatron_parser,
     apply_fp8_autowrap,
     avg_losses_across_data_parallel_group,
@@ -155,15 +156,11 @@ from accel._compat._left_out import (
     has_4bit_bnb_layers,
     install_xla,
     load_and_quantize_model,
-    load_fsdp_model,
-    load_fsdp_optimizer,
     prepare_deepspeed_cmd_env,
     prepare_multi_gpu_env,
     prepare_sagemager_args_inputs,
     prepare_simple_launcher_cmd_env,
     prepare_tpu,
-    save_fsdp_model,
-    save_fsdp_optimizer,
 )
 from accel._compat._misc import write_basic_config
 from accel._compat._operations import (
@@ -199,6 +196,12 @@ from accel._compat._other import (
     save,
 )
 from accel._compat._versions import compare_versions, is_torch_version
+from accel._deepspeed import (
+    DeepSpeedEngineWrapper,
+    DeepSpeedOptimizerWrapper,
+    DeepSpeedSchedulerWrapper,
+    get_active_deepspeed_plugin,
+)
 from accel._export import merge_fsdp_weights
 from accel._memory import (
     clear_device_cache,
@@ -236,9 +239,18 @@ from accel_bigmodel import (
 from accel_data import DataLoaderConfiguration
 from accel_parallel import (
     DDPCommunicationHookType,
+    DeepSpeedPlugin,
     DistributedDataParallelKwargs,
+    DummyOptim,
+    DummyScheduler,
     FullyShardedDataParallelPlugin,
+    HfDeepSpeedConfig,
+    ParallelismConfig,
+    TorchContextParallelConfig,
+    TorchTensorParallelConfig,
+    TorchTensorParallelPlugin,
 )
+from accel_parallel._deepspeed_parts import map_pytorch_optim_to_deepspeed
 from accel_precision import (
     AORecipeKwargs,
     AutocastKwargs,
@@ -304,10 +316,15 @@ __all__ = [
     "CustomDtype",
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",
+    "DeepSpeedEngineWrapper",
+    "DeepSpeedOptimizerWrapper",
     "DeepSpeedPlugin",
+    "DeepSpeedSchedulerWrapper",
     "DeepSpeedSequenceParallelConfig",
     "DistributedDataParallelKwargs",
     "DistributedType",
+    "DummyOptim",
+    "DummyScheduler",
     "DynamoBackend",
     "FP8RecipeKwargs",
     "FullyShardedDataParallelPlugin",
@@ -315,6 +332,7 @@ __all__ = [
     "GatheredParameters",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
+    "HfDeepSpeedConfig",
     "InitProcessGroupKwargs",
     "KwargsHandler",
     "LoggerType",
@@ -389,6 +407,7 @@ __all__ = [
     "fsdp2_switch_optimizer_parameters",
     "gather",
     "gather_object",
+    "get_active_deepspeed_plugin",
     "get_balanced_memory",
     "get_cpu_distributed_information",
     "get_current_device_type",
@@ -486,6 +505,7 @@ __all__ = [
     "load_offloaded_weight",
     "load_offloaded_weights",
     "load_state_dict",
+    "map_pytorch_optim_to_deepspeed",
     "merge_dicts",
     "merge_fsdp_weights",
     "model_has_dtensor",

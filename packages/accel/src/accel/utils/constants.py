@@ -1,6 +1,10 @@
 """Familiar path `accelerate.utils.constants`: re-exports from the packages that own the code."""
 
 from accel._compat._constants import (
+    FSDP_AUTO_WRAP_POLICY,
+    FSDP_BACKWARD_PREFETCH,
+    FSDP_SHARDING_STRATEGY,
+    FSDP_STATE_DICT_TYPE,
     MITA_PROFILING_AVAILABLE_PYTORCH_VERSION,
     MODEL_NAME,
     OPTIMIZER_NAME,
@@ -22,6 +26,10 @@ from accel._compat._constants import (
 )
 
 __all__ = [
+    "FSDP_AUTO_WRAP_POLICY",
+    "FSDP_BACKWARD_PREFETCH",
+    "FSDP_SHARDING_STRATEGY",
+    "FSDP_STATE_DICT_TYPE",
     "MITA_PROFILING_AVAILABLE_PYTORCH_VERSION",
     "MODEL_NAME",
     "OPTIMIZER_NAME",

@@ -13,22 +13,22 @@ from accel._compat._constants import (
 from accel._compat._extras import ComputeEnvironment, CustomDtype, DynamoBackend, KwargsHandler
 from accel._compat._left_out import (
     BnbQuantizationConfig,
-    DeepSpeedPlugin,
     DeepSpeedSequenceParallelConfig,
     MegatronLMPlugin,
     MSAMPRecipeKwargs,
     SageMakerDistributedType,
-    TorchContextParallelConfig,
-    TorchTensorParallelConfig,
-    TorchTensorParallelPlugin,
     add_model_config_to_megatron_parser,
 )
 from accel._compat._operations import TensorInformation
 from accel_data import DataLoaderConfiguration
 from accel_parallel import (
     DDPCommunicationHookType,
+    DeepSpeedPlugin,
     DistributedDataParallelKwargs,
     FullyShardedDataParallelPlugin,
+    TorchContextParallelConfig,
+    TorchTensorParallelConfig,
+    TorchTensorParallelPlugin,
 )
 from accel_precision import (
     AORecipeKwargs,

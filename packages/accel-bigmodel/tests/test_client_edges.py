@@ -1,0 +1,42 @@
+"""Edges that transformers' `from_pretrained(device_map=...)` relies on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from accel_bigmodel import dispatch_model, get_max_memory
+
+
+class Stack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(4, 8)
+        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return self.head(x)
+
+
+def test_a_module_list_mapped_whole_to_disk_runs(tmp_path: Path) -> None:
+    # A ModuleList is never called: each of its blocks must load its own weights.
+    torch.manual_seed(0)
+    model, x = Stack(), torch.randn(3, 4)
+    expected = model(x)
+    device_map = {"embed": "cpu", "layers": "disk", "head": "disk"}
+    dispatched = dispatch_model(model, device_map, offload_dir=tmp_path)
+    assert all(p.is_meta for p in dispatched.layers.parameters())
+    assert torch.equal(dispatched(x), expected)
+
+
+def test_size_strings_in_the_callers_dict_become_bytes() -> None:
+    # transformers compares the caller's max_memory values with the result afterwards.
+    asked = {"cpu": "2MB"}
+    assert get_max_memory(asked) == {"cpu": 2 * 10**6}
+    assert asked == {"cpu": 2 * 10**6}

@@ -1,0 +1,191 @@
+"""The strategy for a `ParallelismConfig` mesh: tensor parallel on ``tp``, then FSDP2 over
+the data-parallel dimensions (``dp_shard_cp``, with ``dp_replicate`` outside it for HSDP).
+
+Both steps are plain functions of the model and a sub-mesh (`apply_tensor_parallel`,
+FSDP2's `fully_shard`); everything else (re-pointing optimizers, clipping, DCP checkpoints
+of DTensors, accumulation) is the FSDP2 strategy's. Data-parallel size, rank and group come
+from the mesh, so loaders, metrics and schedulers count data-parallel replicas.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from accel_parallel._fsdp import FSDP2Strategy
+from accel_parallel._fsdp_plugin import FullyShardedDataParallelPlugin
+from accel_parallel._parallelism_config import ParallelismConfig
+from accel_parallel._strategy import ProcessInfo
+from accel_parallel._tp import apply_tensor_parallel
+
+
+class MeshStrategy(FSDP2Strategy):
+    """Tensor parallel and FSDP2 (or HSDP) over the one device mesh of `config`."""
+
+    sharded = True  # every rank must agree on an fp16 overflow
+
+    def __init__(
+        self,
+        info: ProcessInfo,
+        config: ParallelismConfig,
+        plugin: FullyShardedDataParallelPlugin | None = None,
+        mixed_precision: str = "no",
+    ) -> None:
+        super().__init__(info, plugin, mixed_precision)
+        self.config = config
+        self.shards = config.dp_shard_enabled or config.cp_enabled
+        self.name = "fsdp" if self.shards else "tp"
+        if config.cp_enabled and info.device.type != "cuda":
+            raise ValueError(
+                f"ParallelismConfig(cp_size={config.cp_size}): context parallel runs torch's "
+                f"ring attention, which needs the CUDA SDPA kernels; this run is on "
+                f"{info.device.type!r}. Run on CUDA GPUs, or set cp_size=1."
+            )
+        if self.plugin.cpu_ram_efficient_loading:
+            raise ValueError(
+                "cpu_ram_efficient_loading=True is not supported with a ParallelismConfig mesh; "
+                "set it to False (every rank loads the weights, then they are split)."
+            )
+
+    # -- the mesh ------------------------------------------------------------------------------
+    @property
+    def device_mesh(self) -> Any:
+        return self.config.get_device_mesh(self.device.type)
+
+    def _device_mesh(self) -> Any:
+        """The sub-mesh FSDP2 shards over (2-D for HSDP)."""
+        return self.config.fsdp_mesh(self.device.type)
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.config.data_parallel_size
+
+    @property
+    def data_parallel_rank(self) -> int:
+        return mesh_local_rank(self.config, self.device_mesh, "dp")
+
+    def data_parallel_group(self) -> Any:
+        if not self.config.dp_dim_names:
+            return None
+        return self.config.sub_mesh("dp", self.device.type).get_group()
+
+    # -- preparing -------------------------------------------------------------------------------
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.fsdp import FSDPModule
+
+        if isinstance(model, FSDPModule):
+            return model
+        model = self.move_model(model)
+        if self.config.tp_enabled:
+            handler = self.config.tp_handler
+            apply_tensor_parallel(
+                model,
+                self.config.sub_mesh("tp", self.device.type),
+                self.config.tp_plan,
+                enable_async_tp=bool(handler and handler.enable_async_tp),
+            )
+        if not self.shards:
+            return model
+        return super().wrap_model(model)
+
+    # -- the step ----------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def no_sync(self, model: nn.Module) -> Iterator[None]:
+        if not self.shards:  # tensor parallel alone: no gradient is synchronized
+            yield
+            return
+        with super().no_sync(model):
+            yield
+
+    @contextlib.contextmanager
+    def sync_in_backward(self, model: nn.Module) -> Iterator[None]:
+        if self.shards:
+            model.set_requires_gradient_sync(True)
+        yield
+
+    def clip_grad_norm_(
+        self, parameters: Iterable[nn.Parameter], max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
+        """Clip by the global norm: the gradients are DTensors on several meshes (tp, the
+        data-parallel one, both) and plain tensors; each group's norm is taken apart."""
+        grads = [p.grad for p in parameters if p.grad is not None]
+        if not grads:
+            return torch.tensor(0.0)
+        groups: dict[Any, list[torch.Tensor]] = {}
+        for g in grads:
+            key = (g.device_mesh, tuple(g.placements)) if hasattr(g, "device_mesh") else None
+            groups.setdefault(key, []).append(g)
+        norms = []
+        for group in groups.values():
+            norm = nn.utils.get_total_norm(group, norm_type)
+            norms.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        device = norms[0].device
+        total = torch.linalg.vector_norm(
+            torch.stack([n.to(device, torch.float32) for n in norms]), norm_type
+        )
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for g in grads:
+            local = g.to_local() if hasattr(g, "to_local") else g
+            local.mul_(coef.to(local.device, local.dtype))
+        return total
+
+    # -- context parallel ---------------------------------------------------------------------------
+    def context_parallel(
+        self,
+        buffers: list[torch.Tensor] | None = None,
+        buffer_seq_dims: list[int] | None = None,
+        no_restore_buffers: set[torch.Tensor] | None = None,
+    ) -> contextlib.AbstractContextManager[None]:
+        return context_parallel(
+            self.config, self.device_mesh, buffers, buffer_seq_dims, no_restore_buffers
+        )
+
+
+def mesh_local_rank(config: ParallelismConfig | None, mesh: Any, dim: str) -> int:
+    """This process's rank along `dim` of the mesh (0 when the dimension is not split)."""
+    if config is None:
+        raise RuntimeError(
+            f"the {dim} rank exists only with a ParallelismConfig; pass "
+            f"Accelerator(parallelism_config=ParallelismConfig(...))."
+        )
+    parts = {"dp": config.dp_dim_names, "dp_shard_cp": config.dp_shard_cp_dim_names,
+             "dp_cp": config.dp_cp_dim_names}.get(dim, [dim])  # fmt: skip
+    if mesh is None or not all(getattr(config, f"{p}_size") > 1 for p in parts) or not parts:
+        return 0
+    return config.sub_mesh(dim).get_local_rank()
+
+
+@contextlib.contextmanager
+def context_parallel(
+    config: ParallelismConfig | None,
+    mesh: Any,
+    buffers: list[torch.Tensor] | None = None,
+    buffer_seq_dims: list[int] | None = None,
+    no_restore_buffers: set[torch.Tensor] | None = None,
+) -> Iterator[None]:
+    """Split `buffers` (inputs, labels, position ids...) along their sequence dimension over
+    the ``cp`` mesh, and run SDPA as torch's ring attention inside the block. Does nothing
+    without context parallel."""
+    if config is None or not config.cp_enabled:
+        yield
+        return
+    if mesh.device_type != "cuda":
+        raise ValueError(
+            f"context parallel needs CUDA (torch's ring attention); the mesh is on "
+            f"{mesh.device_type!r}. Run on CUDA GPUs, or set cp_size=1."
+        )
+    from torch.distributed.tensor.experimental import context_parallel as torch_cp
+    from torch.distributed.tensor.experimental._attention import set_rotate_method
+
+    set_rotate_method(config.cp_handler.cp_comm_strategy)
+    with torch_cp(
+        config.sub_mesh("cp"),
+        buffers=buffers,
+        buffer_seq_dims=buffer_seq_dims,
+        no_restore_buffers=no_restore_buffers,
+    ):
+        yield

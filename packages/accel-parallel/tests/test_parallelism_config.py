@@ -1,0 +1,126 @@
+"""ParallelismConfig, the tensor-parallel plan and the mesh strategy's refusals, in one process
+(the multi-process training is in packages/accel/tests/test_mesh.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(4, 8), nn.Linear(8, 4)
+
+
+class Net(nn.Module):
+    _tp_plan = {"blocks.*.up": "colwise", "blocks.*.down": "rowwise"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(2))
+        self.out = nn.Linear(4, 1)
+
+
+class PlainNet(Net):
+    _tp_plan = None
+
+
+def test_sizes_must_multiply_to_world_size() -> None:
+    from accel_parallel import ParallelismConfig
+
+    with pytest.raises(ValueError, match=r"= 6, but the run has 4 processes"):
+        ParallelismConfig(dp_shard_size=3, tp_size=2).resolved(4)
+    assert ParallelismConfig().resolved(4).dp_replicate_size == 4  # nothing set: DDP
+    with pytest.raises(ValueError, match="tp_size=0"):
+        ParallelismConfig(tp_size=0)
+    with pytest.raises(ValueError, match="dp_shard_size=2"):
+        ParallelismConfig(dp_replicate_size=2, tp_size=2)
+
+
+def test_options_that_would_do_nothing_are_refused() -> None:
+    from accel_parallel import (
+        DistributedDataParallelKwargs,
+        ParallelismConfig,
+        ProcessInfo,
+        TorchTensorParallelPlugin,
+        select_strategy,
+    )
+
+    with pytest.raises(ValueError, match="tp_plan=...\\) with tp_size=1"):
+        ParallelismConfig(dp_shard_size=2, tp_plan={"fc": "colwise"})
+    with pytest.raises(ValueError, match="torch_device_mesh"):
+        TorchTensorParallelPlugin(tp_size=2, torch_device_mesh=object())
+    assert TorchTensorParallelPlugin(tp_size=2).to_parallelism_config(4).dp_shard_size == 2
+    info = ProcessInfo(device=torch.device("cpu"), num_processes=4)
+    with pytest.raises(ValueError, match="DistributedDataParallelKwargs apply to DDP"):
+        select_strategy(
+            info,
+            ddp_kwargs=DistributedDataParallelKwargs(),
+            parallelism_config=ParallelismConfig(dp_shard_size=2, tp_size=2),
+        )
+    ddp = select_strategy(info, parallelism_config=ParallelismConfig(dp_replicate_size=4))
+    assert ddp.name == "ddp"  # replicas alone are DDP
+
+
+def test_names_and_flattened_dims() -> None:
+    from accel_parallel import ParallelismConfig
+
+    c = ParallelismConfig(dp_replicate_size=2, dp_shard_size=2, cp_size=2, tp_size=2)
+    assert c.active_mesh_dims == ["dp_replicate", "dp_shard", "cp", "tp"]
+    assert c.dp_dim_names == ["dp_replicate", "dp_shard"]
+    assert c.dp_shard_cp_dim_names == ["dp_shard", "cp"]
+    assert c.dp_cp_dim_names == ["dp_replicate", "dp_shard", "cp"]
+    assert c.fsdp_dim_names == ["dp_replicate", "dp_shard_cp"]
+    assert (c.total_size, c.data_parallel_size, c.non_data_parallel_size) == (16, 4, 4)
+    assert c.cp_handler.cp_comm_strategy == "allgather"
+
+
+def test_launch_section_and_environment() -> None:
+    from accel_parallel import ParallelismConfig, resolve_parallelism_config
+
+    section = {"parallelism_config_dp_shard_size": 2, "parallelism_config_tp_size": "2"}
+    c = resolve_parallelism_config(None, world_size=4, launch_section=section)
+    assert (c.dp_shard_size, c.tp_size) == (2, 2)
+    env = {"PARALLELISM_CONFIG_DP_REPLICATE_SIZE": "2", "PARALLELISM_CONFIG_DP_SHARD_SIZE": "2"}
+    c = resolve_parallelism_config(None, world_size=4, environ=env)
+    assert (c.dp_replicate_size, c.dp_shard_size) == (2, 2)
+    with pytest.warns(UserWarning, match="using the code's"):
+        c = resolve_parallelism_config(
+            ParallelismConfig(tp_size=4), world_size=4, launch_section=section
+        )
+    assert c.tp_size == 4
+    c = resolve_parallelism_config(
+        None, world_size=4, environ={"ACCELERATE_USE_PARALLELISM_CONFIG": "true"}
+    )
+    assert c.dp_replicate_size == 4  # asked for a mesh, no sizes: every process a replica
+    assert resolve_parallelism_config(None, world_size=4, environ={}) is None
+    with pytest.raises(ValueError, match="sp_size"):
+        ParallelismConfig.from_launch_config({"parallelism_config_sp_size": 2})
+    with pytest.raises(ValueError, match="cp_comm_strategy='ring'"):
+        ParallelismConfig.from_environment(
+            {"PARALLELISM_CONFIG_CP_SIZE": "2", "PARALLELISM_CONFIG_CP_COMM_STRATEGY": "ring"}
+        )
+
+
+def test_context_parallel_on_cpu_is_refused() -> None:
+    from accel_parallel import MeshStrategy, ParallelismConfig, ProcessInfo
+
+    info = ProcessInfo(device=torch.device("cpu"), num_processes=2)
+    with pytest.raises(ValueError, match="context parallel .* needs the CUDA SDPA kernels"):
+        MeshStrategy(info, ParallelismConfig(cp_size=2))
+
+
+def test_bad_plans_are_named() -> None:
+    from accel_parallel._tp import resolve_plan
+
+    with pytest.raises(ValueError, match="declares none"):
+        resolve_plan(PlainNet(), None)
+    with pytest.raises(ValueError, match=r"'blocks\.\*\.gate' matches no module"):
+        resolve_plan(PlainNet(), {"blocks.*.gate": "colwise"})
+    with pytest.raises(ValueError, match="'diagonal' is not a style"):
+        resolve_plan(PlainNet(), {"out": "diagonal"})
+    assert sorted(resolve_plan(Net(), None)) == [
+        "blocks.0.down", "blocks.0.up", "blocks.1.down", "blocks.1.up"
+    ]  # fmt: skip

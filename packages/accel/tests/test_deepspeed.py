@@ -1,0 +1,563 @@
+"""DeepSpeed ZeRO through the Accelerator, for real: gloo workers on CPU, compared with one
+process of plain PyTorch.
+
+Few launches (each costs seconds): one 2-process launch trains every variant in turn and
+saves a checkpoint in the middle of one; a second 2-process launch resumes it. The CPU-Adam
+offload launch compiles DeepSpeed's extension once per machine (cached under
+TORCH_EXTENSIONS_DIR) and is marked slow. Every worker first makes `import transformers`
+fail, so the whole module proves that DeepSpeed through accel needs no transformers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from accel_state.testing import run_distributed
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("deepspeed") is None,
+    reason="deepspeed is not installed (pip install accel-parallel[deepspeed])",
+)
+
+SAMPLES, GLOBAL_BATCH, STEPS, LR, CLIP = 64, 16, 4, 1e-2, 0.05
+EXTENSIONS = os.environ.get("TORCH_EXTENSIONS_DIR") or str(
+    Path.home() / ".cache" / "torch_extensions"
+)
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(8, 16)
+        self.hidden = nn.Linear(16, 16)
+        self.out = nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.hidden(torch.tanh(self.inp(x)))))
+
+
+def make_net() -> Net:
+    torch.manual_seed(0)
+    return Net()
+
+
+def dataset() -> torch.utils.data.TensorDataset:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(SAMPLES, 8, generator=g)
+    return torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True).sin())
+
+
+def reference(
+    steps: int = STEPS,
+    clip: float | None = None,
+    lrs: list[float] | None = None,
+    teacher: bool = False,
+) -> dict[str, Any]:
+    """One process, plain PyTorch, the whole global batch each step."""
+    model = make_net()
+    target = _teacher() if teacher else None
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    loader = torch.utils.data.DataLoader(dataset(), batch_size=GLOBAL_BATCH)
+    norms = []
+    for step, (x, y) in zip(range(steps), loader):
+        if lrs is not None:
+            for group in opt.param_groups:
+                group["lr"] = lrs[step]
+        y = target(x) if target is not None else y
+        nn.functional.mse_loss(model(x), y).backward()
+        if clip is not None:
+            norms.append(float(nn.utils.clip_grad_norm_(model.parameters(), clip)))
+        opt.step()
+        opt.zero_grad()
+    return {"state": {k: v.detach().clone() for k, v in model.state_dict().items()}, "norms": norms}
+
+
+def _teacher() -> nn.Module:
+    torch.manual_seed(7)
+    teacher = Net()
+    return teacher.requires_grad_(False)
+
+
+# -- in the workers ------------------------------------------------------------------------------
+def _worker_setup() -> None:
+    """No transformers in this process, DeepSpeed's extensions in the per-machine cache."""
+    sys.modules["transformers"] = None  # type: ignore[assignment]  # `import transformers` fails
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", EXTENSIONS)
+
+
+def _accelerator(plugin: Any, **kwargs: Any) -> Any:
+    from accel import Accelerator
+    from accel.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=False)
+    return Accelerator(deepspeed_plugin=plugin, **kwargs)
+
+
+def _train(acc: Any, model: Any, opt: Any, loader: Any, steps: int, clip: float | None = None,
+           sched: Any = None, teacher: Any = None, save_at: tuple[int, str] | None = None,
+           ) -> dict[str, Any]:  # fmt: skip
+    """The familiar loop; returns the clip norms and the lr each optimizer step used."""
+    norms, lrs = [], []
+    done = 0
+    for x, y in loader:
+        with acc.accumulate(model):
+            if teacher is not None:
+                with torch.no_grad():
+                    y = teacher(x).float()
+            acc.backward(nn.functional.mse_loss(model(x), y))  # bf16 output, fp32 target
+            if clip is not None and acc.sync_gradients:
+                norms.append(float(acc.clip_grad_norm_(model.parameters(), clip)))
+            if acc.sync_gradients:
+                lrs.append(opt.param_groups[0]["lr"])
+            opt.step()
+            if sched is not None:
+                sched.step()
+            opt.zero_grad()
+        if acc.sync_gradients:
+            done += 1
+            if save_at is not None and done == save_at[0]:
+                acc.save_state(save_at[1])
+                lrs.clear()
+            if done == steps:
+                break
+    return {"norms": norms, "lrs": lrs}
+
+
+def _loader(batch: int) -> torch.utils.data.DataLoader:
+    return torch.utils.data.DataLoader(dataset(), batch_size=batch)
+
+
+def _plain(acc: Any, model: Any) -> dict[str, torch.Tensor]:
+    return {k: v.detach().float().cpu().clone() for k, v in acc.get_state_dict(model).items()}
+
+
+def _variant(plugin: Any, steps: int = STEPS, batch: int = GLOBAL_BATCH // 2, clip: float | None = None,
+             **kwargs: Any) -> dict[str, Any]:  # fmt: skip
+    acc = _accelerator(plugin, **kwargs)
+    with acc.deepspeed_plugin.zero3_init():
+        net = make_net()
+    model, opt, loader = acc.prepare(
+        net, torch.optim.AdamW(net.parameters(), lr=LR), _loader(batch)
+    )
+    out = _train(acc, model, opt, loader, steps, clip=clip)
+    out.update(state=_plain(acc, model), config=acc.deepspeed_config, mixed=acc.mixed_precision)
+    out["unwrapped"] = type(acc.unwrap_model(model)).__name__
+    out["engine"] = type(model).__name__
+    return out
+
+
+def _variants(folder: str) -> dict[str, Any]:
+    _worker_setup()
+    from accel.utils import DeepSpeedPlugin
+
+    results: dict[str, Any] = {}
+    for stage in (1, 2):
+        results[f"zero{stage}"] = _variant(DeepSpeedPlugin(zero_stage=stage))
+    zero3 = DeepSpeedPlugin(zero_stage=3, zero3_init_flag=True, zero3_save_16bit_model=True)
+    results["zero3"] = _zero3(zero3, folder)
+    results["accumulate"] = _variant(
+        DeepSpeedPlugin(zero_stage=2), steps=STEPS, batch=GLOBAL_BATCH // 4,
+        gradient_accumulation_steps=2,
+    )  # fmt: skip
+    results["clip2"] = _variant(DeepSpeedPlugin(zero_stage=2), clip=CLIP)
+    results["clip3"] = _variant(
+        DeepSpeedPlugin(zero_stage=3, zero3_save_16bit_model=True), clip=CLIP
+    )
+    results["bf16"] = _variant(DeepSpeedPlugin(zero_stage=2), mixed_precision="bf16")
+    results["auto"] = _auto()
+    results["plugins"] = _two_plugins()
+    results["no_16bit"] = _no_16bit_error()
+    results["resume"] = _save_midway(folder)
+    results["transformers"] = sys.modules.get("transformers") is None
+    return results
+
+
+def _zero3(plugin: Any, folder: str) -> dict[str, Any]:
+    acc = _accelerator(plugin)
+    with acc.deepspeed_plugin.zero3_init():  # parameters partitioned as they are made
+        net = make_net()
+    local = sum(p.ds_tensor.numel() for p in net.parameters())
+    total = sum(p.ds_numel for p in net.parameters())
+    model, opt, loader = acc.prepare(net, torch.optim.AdamW(net.parameters(), lr=LR), _loader(8))
+    _train(acc, model, opt, loader, STEPS)
+    acc.save_model(model, Path(folder) / "export3")
+    saved = sorted(os.listdir(Path(folder) / "export3")) if acc.is_main_process else []
+    return {"state": _plain(acc, model), "local_numel": local, "total_numel": total,
+            "saved_files": saved, "engine": type(model).__name__,
+            "unwrapped": type(acc.unwrap_model(model)).__name__,
+            "config": acc.deepspeed_config}  # fmt: skip
+
+
+def _auto() -> dict[str, Any]:
+    from accel.utils import DeepSpeedPlugin, DummyOptim, DummyScheduler
+
+    config = {
+        "train_batch_size": "auto",
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+        "bf16": {"enabled": "auto"},
+        "zero_optimization": {"stage": 2},
+        "optimizer": {
+            "type": "AdamW",
+            "params": {"lr": "auto", "weight_decay": "auto", "torch_adam": True},
+        },
+        "scheduler": {
+            "type": "WarmupLR",
+            "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto", "warmup_num_steps": "auto",
+                       "warmup_type": "linear"},
+        },
+    }  # fmt: skip
+    acc = _accelerator(DeepSpeedPlugin(hf_ds_config=config))
+    net = make_net()
+    opt = DummyOptim(net.parameters(), lr=LR, weight_decay=0.01)
+    sched = DummyScheduler(opt, warmup_num_steps=3)
+    model, opt, sched, loader = acc.prepare(net, opt, sched, _loader(GLOBAL_BATCH // 2))
+    out = _train(acc, model, opt, loader, STEPS, sched=sched)
+    plugin = acc.deepspeed_plugin
+    out.update(
+        state=_plain(acc, model), config=acc.deepspeed_config, filled=plugin.filled,
+        optimizer=type(opt.optimizer).__name__, weight_decay=opt.param_groups[0]["weight_decay"],
+    )  # fmt: skip
+    return out
+
+
+def _two_plugins() -> dict[str, Any]:
+    """A trained student (ZeRO-2) and a frozen teacher (ZeRO-3), each with its own plugin."""
+    from accel import Accelerator
+    from accel.state import AcceleratorState
+    from accel.utils import DeepSpeedPlugin, get_active_deepspeed_plugin
+
+    AcceleratorState._reset_state(reset_partial_state=False)
+    student_plugin = DeepSpeedPlugin(zero_stage=2)
+    teacher_plugin = DeepSpeedPlugin(zero_stage=3)
+    acc = Accelerator(deepspeed_plugins={"student": student_plugin, "teacher": teacher_plugin})
+    first = get_active_deepspeed_plugin(acc.state) is student_plugin
+    net = make_net()
+    model, opt, loader = acc.prepare(
+        net, torch.optim.AdamW(net.parameters(), lr=LR), _loader(GLOBAL_BATCH // 2)
+    )
+    acc.state.select_deepspeed_plugin("teacher")
+    teacher = acc.prepare(_teacher())
+    then = acc.deepspeed_plugin is teacher_plugin and not student_plugin.selected
+    out = _train(acc, model, opt, loader, STEPS, teacher=teacher)
+    out.update(state=_plain(acc, model), selected=[first, then],
+               teacher_stage=teacher.zero_optimization_stage())  # fmt: skip
+    return out
+
+
+def _no_16bit_error() -> str:
+    from accel.utils import DeepSpeedPlugin
+
+    acc = _accelerator(DeepSpeedPlugin(zero_stage=3))
+    net = make_net()
+    model, _, _ = acc.prepare(net, torch.optim.AdamW(net.parameters(), lr=LR), _loader(8))
+    try:
+        acc.get_state_dict(model)
+    except ValueError as err:
+        return str(err)
+    return "no error"
+
+
+def _resume_setup(plugin: Any) -> tuple[Any, ...]:
+    from accel.utils import ProjectConfiguration
+
+    acc = _accelerator(plugin, project_config=ProjectConfiguration())
+    net = make_net()
+    opt = torch.optim.AdamW(net.parameters(), lr=LR)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
+    g = torch.Generator().manual_seed(5)
+    loader = torch.utils.data.DataLoader(dataset(), batch_size=4, shuffle=True, generator=g)
+    return acc, *acc.prepare(net, opt, sched, loader)
+
+
+def _save_midway(folder: str) -> dict[str, Any]:
+    from accel.utils import DeepSpeedPlugin
+
+    acc, model, opt, sched, loader = _resume_setup(DeepSpeedPlugin(zero_stage=2))
+    ckpt = str(Path(folder) / "ckpt")
+    rest = _train(acc, model, opt, loader, 5, sched=sched, save_at=(2, ckpt))
+    files = sorted(os.listdir(ckpt))
+    return {"state": _plain(acc, model), "lrs": rest["lrs"], "files": files}
+
+
+def _resume_launched(folder: str) -> dict[str, Any]:
+    """Under `accel launch --use_deepspeed --zero_stage 2`: the Accelerator gets no plugin."""
+    _worker_setup()
+    acc, model, opt, sched, loader = _resume_setup(None)
+    acc.load_state(Path(folder) / "ckpt")
+    rest = _train(acc, model, opt, loader, 3, sched=sched)
+    state = _plain(acc, model)
+    acc.end_training()  # the process group ends before the interpreter does
+    return {"state": state, "lrs": rest["lrs"], "rank": acc.process_index,
+            "strategy": acc.strategy.name, "stage": acc.deepspeed_config["zero_optimization"],
+            "transformers": sys.modules.get("transformers") is None}  # fmt: skip
+
+
+RESUME_SCRIPT = """
+import importlib.util, sys, torch
+spec = importlib.util.spec_from_file_location("accel_deepspeed_test", {path!r})
+module = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = module
+spec.loader.exec_module(module)
+out = module._resume_launched(sys.argv[1])
+torch.save(out, f"{{sys.argv[1]}}/resumed_{{out['rank']}}.pt")
+"""
+
+
+def _accel_launch(folder: str, *flags: str) -> None:
+    """`accel launch FLAGS script folder` in a clean environment (no user config file)."""
+    script = Path(folder) / "resume.py"
+    script.write_text(RESUME_SCRIPT.format(path=__file__))
+    accel = Path(sys.executable).with_name("accel")
+    command = [str(accel)] if accel.is_file() else [sys.executable, "-m", "accel_cli.main"]
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("ACCEL_")
+        and k not in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}
+    }
+    env.update(XDG_CONFIG_HOME=str(Path(folder) / "config"), OMP_NUM_THREADS="1")
+    done = subprocess.run([*command, "launch", *flags, str(script), folder], env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+
+
+def _cpu_offload() -> dict[str, Any]:
+    _worker_setup()
+    from accel.utils import DeepSpeedPlugin
+
+    out = _variant(DeepSpeedPlugin(zero_stage=2, offload_optimizer_device="cpu"))
+    out["transformers"] = sys.modules.get("transformers") is None
+    return out
+
+
+# -- the launches --------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory) -> dict[str, Any]:
+    folder = str(tmp_path_factory.mktemp("deepspeed"))
+    ranks = run_distributed(_variants, folder, world_size=2, timeout=400)
+    _accel_launch(folder, "--use_deepspeed", "--zero_stage", "2", "--cpu", "--num_processes", "2")
+    again = [torch.load(Path(folder) / f"resumed_{r}.pt", weights_only=False) for r in (0, 1)]
+    return {"ranks": ranks, "again": again, "folder": folder}
+
+
+def _assert_close(state: dict, expected: dict, **tol: float) -> None:
+    assert sorted(state) == sorted(expected)
+    for k, v in expected.items():
+        torch.testing.assert_close(state[k], v, **tol, msg=lambda m, k=k: f"{k}: {m}")
+
+
+FP32 = {"rtol": 1e-5, "atol": 1e-6}
+
+
+def test_zero_1_2_3_on_two_processes_equal_one_process_plain_torch(launched):
+    expected = reference()["state"]
+    for rank in launched["ranks"]:
+        for name in ("zero1", "zero2", "zero3"):
+            result = rank[name]
+            if name != "zero3" or rank is launched["ranks"][0]:
+                _assert_close(result["state"], expected, **FP32)
+            assert result["engine"] == "DeepSpeedEngine" and result["unwrapped"] == "Net"
+            assert result["config"]["gradient_clipping"] == 0.0  # never clipped unless asked
+    assert launched["ranks"][1]["zero3"]["state"] == {}  # ZeRO-3 gathers on the main process
+
+
+def test_accumulation_of_two_equals_the_big_batch(launched):
+    expected = reference()["state"]
+    result = launched["ranks"][0]["accumulate"]
+    assert result["config"]["gradient_accumulation_steps"] == 2
+    assert result["config"]["train_micro_batch_size_per_gpu"] == GLOBAL_BATCH // 4
+    assert result["config"]["train_batch_size"] == GLOBAL_BATCH
+    _assert_close(result["state"], expected, **FP32)
+
+
+def test_clip_grad_norm_returns_the_global_norm_and_clips_like_torch(launched):
+    expected = reference(clip=CLIP)
+    assert min(expected["norms"]) > CLIP  # the clipping is active on every step
+    for name in ("clip2", "clip3"):
+        result = launched["ranks"][0][name]
+        assert result["norms"] == pytest.approx(expected["norms"], rel=1e-5)
+        assert launched["ranks"][1][name]["norms"] == result["norms"]  # the same on every rank
+        _assert_close(result["state"], expected["state"], **FP32)
+
+
+def test_zero3_init_partitions_and_full_weights_are_gathered(launched):
+    expected = reference()["state"]
+    rank0, rank1 = (r["zero3"] for r in launched["ranks"])
+    for r in (rank0, rank1):  # zero.Init: each process holds half of every parameter
+        assert r["local_numel"] * 2 == pytest.approx(r["total_numel"], abs=16)
+    assert rank0["saved_files"] == ["model.safetensors"]
+    from safetensors.torch import load_file
+
+    saved = load_file(str(Path(launched["folder"]) / "export3" / "model.safetensors"))
+    _assert_close(saved, expected, **FP32)
+    message = launched["ranks"][0]["no_16bit"]
+    assert "zero3_save_16bit_model=True" in message and "stage3_gather_16bit" in message
+
+
+def test_auto_values_are_filled_from_the_run_and_reported(launched):
+    result = launched["ranks"][0]["auto"]
+    config, filled = result["config"], result["filled"]
+    assert config["train_micro_batch_size_per_gpu"] == GLOBAL_BATCH // 2
+    assert config["train_batch_size"] == GLOBAL_BATCH
+    assert config["gradient_accumulation_steps"] == 1
+    assert config["gradient_clipping"] == 0.0
+    assert config["bf16"]["enabled"] is False
+    assert config["optimizer"]["params"] == {"lr": LR, "weight_decay": 0.01, "torch_adam": True}
+    params = config["scheduler"]["params"]
+    assert params["warmup_max_lr"] == LR and params["warmup_min_lr"] == 0.0
+    assert params["warmup_num_steps"] == 3
+    assert "DataLoader" in filled["train_micro_batch_size_per_gpu"][1]
+    assert "no clipping" in filled["gradient_clipping"][1]
+    assert result["optimizer"] == "AdamW" and result["weight_decay"] == 0.01
+    # the engine built its WarmupLR and stepped it once per optimizer step (DeepSpeed sets
+    # lr(iteration 0) when it builds the schedule and again at its first step)
+    lrs = result["lrs"]
+    assert lrs == pytest.approx([0.0, 0.0, LR / 3, 2 * LR / 3])
+    # torch's AdamW (weight_decay 0.01 by default) with the same lr per step: the same weights
+    _assert_close(result["state"], reference(lrs=lrs)["state"], **FP32)
+
+
+def test_bf16_zero2_trains_close_to_fp32(launched):
+    """bf16 weights in forward and backward with fp32 master weights: AdamW moves a weight
+    by at most lr (1e-2) a step, so 4 steps bound any element's difference by 0.08; on
+    average the two runs must agree far closer than that."""
+    expected = reference()["state"]
+    result = launched["ranks"][0]["bf16"]
+    assert result["mixed"] == "bf16" and result["config"]["bf16"]["enabled"] is True
+    for k, v in expected.items():
+        diff = (result["state"][k] - v).abs()
+        assert diff.max() <= 0.08 and diff.mean() <= 5e-3, (k, diff.max(), diff.mean())
+
+
+def test_several_models_with_their_own_plugins(launched):
+    result = launched["ranks"][0]["plugins"]
+    assert result["selected"] == [True, True] and result["teacher_stage"] == 3
+    _assert_close(result["state"], reference(teacher=True)["state"], **FP32)
+
+
+def test_resume_under_accel_launch_equals_the_unbroken_run(launched):
+    first = launched["ranks"][0]["resume"]
+    assert "optimizer" in first["files"] and "accel_checkpoint.json" in first["files"]
+    again = launched["again"][0]
+    assert again["strategy"] == "deepspeed" and again["stage"]["stage"] == 2  # from the launch
+    _assert_close(again["state"], first["state"], rtol=0.0, atol=0.0)  # bit for bit
+    assert again["lrs"] == first["lrs"]
+
+
+def test_the_workers_ran_without_transformers(launched):
+    assert all(r["transformers"] for r in launched["ranks"] + launched["again"])
+
+
+@pytest.mark.slow
+def test_cpu_adam_offload_trains_like_adamw():
+    """First run on a machine compiles DeepSpeed's CPU Adam (~45 s); then it is cached."""
+    rank0, _ = run_distributed(_cpu_offload, world_size=2, timeout=600)
+    _assert_close(rank0["state"], reference()["state"], rtol=1e-4, atol=1e-5)
+    assert rank0["transformers"]
+
+
+# -- the settings, in this process (nothing here imports deepspeed) --------------------------------
+def test_plugin_fields_make_a_config_and_a_written_config_wins_or_conflicts(tmp_path):
+    from accel.utils import DeepSpeedPlugin
+
+    plugin = DeepSpeedPlugin(zero_stage=3, offload_param_device="cpu", zero3_save_16bit_model=True)
+    zero = plugin.deepspeed_config["zero_optimization"]
+    assert zero["stage"] == 3 and zero["offload_param"] == {"device": "cpu"}
+    assert plugin.deepspeed_config["gradient_clipping"] == "auto"  # filled with 0: no clipping
+    assert plugin.zero3_save_16bit_model is True
+    written = {"gradient_accumulation_steps": 4, "zero_optimization": {"stage": "2"}}
+    path = tmp_path / "ds.json"
+    path.write_text(__import__("json").dumps(written))
+    for source in (written, str(path), path.read_text()):
+        assert DeepSpeedPlugin(hf_ds_config=source).zero_stage == 2
+    with pytest.raises(ValueError, match=r"gradient_accumulation_steps=4 .* gives 2"):
+        DeepSpeedPlugin(hf_ds_config=written, gradient_accumulation_steps=2)
+    assert DeepSpeedPlugin(hf_ds_config=written, gradient_accumulation_steps=4).zero_stage == 2
+    with pytest.raises(ValueError, match="neither an existing JSON file"):
+        DeepSpeedPlugin(hf_ds_config="missing.json")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"zero_stage": 2, "zero3_init_flag": True}, "zero3_init_flag=True .* stage 2"),
+        ({"zero_stage": 2, "offload_param_device": "cpu"}, "needs zero_stage=3"),
+        ({"offload_optimizer_device": "disk"}, r"'disk': accepted \['none', 'cpu', 'nvme'\]"),
+        ({"offload_optimizer_device": "nvme"}, "needs offload_optimizer_nvme_path"),
+        ({"zero_stage": 5}, "accepted stages are 0, 1, 2 and 3"),
+        ({"enable_msamp": True}, "MS-AMP"),
+    ],
+)
+def test_plugin_refuses_what_it_cannot_honour(kwargs, message):
+    from accel.utils import DeepSpeedPlugin
+
+    with pytest.raises(ValueError, match=message):
+        DeepSpeedPlugin(**kwargs)
+
+
+def test_mixed_precision_meets_the_config():
+    from accel.utils import DeepSpeedPlugin
+
+    assert DeepSpeedPlugin().set_mixed_precision("bf16") == "bf16"
+    plugin = DeepSpeedPlugin(hf_ds_config={"bf16": {"enabled": True}})
+    assert plugin.set_mixed_precision("no") == "bf16"  # the config enables it: the engine runs it
+    with pytest.raises(ValueError, match=r"fp16.enabled=True .* mixed_precision is 'bf16'"):
+        DeepSpeedPlugin(hf_ds_config={"fp16": {"enabled": True}}).set_mixed_precision("bf16")
+    with pytest.raises(ValueError, match="'fp8' is not supported by the DeepSpeed strategy"):
+        DeepSpeedPlugin().set_mixed_precision("fp8")
+
+
+def test_auto_values_nothing_can_fill_are_errors_naming_the_key():
+    from accel.utils import DeepSpeedPlugin, DummyOptim
+    from accel_parallel._deepspeed_fill import fill_auto
+
+    net = make_net()
+    run = {"model": net, "scheduler": None, "accumulation_steps": 1, "data_parallel_size": 2}
+    with pytest.raises(ValueError, match="no DataLoader with a batch_size was prepared"):
+        fill_auto(DeepSpeedPlugin(), optimizer=None, micro_batch=None, **run)
+    left = DeepSpeedPlugin(
+        hf_ds_config={"zero_optimization": {"stage": 2, "sub_group_size": "auto"}}
+    )
+    with pytest.raises(ValueError, match=r"\['zero_optimization.sub_group_size'\]"):
+        fill_auto(left, optimizer=None, micro_batch=4, **run)
+    with pytest.raises(ValueError, match='no "optimizer" section'):
+        fill_auto(DeepSpeedPlugin(), optimizer=DummyOptim(net.parameters()), micro_batch=4, **run)
+    both = DeepSpeedPlugin(hf_ds_config={"optimizer": {"type": "Adam", "params": {}}})
+    with pytest.raises(ValueError, match="keep one"):
+        fill_auto(both, optimizer=torch.optim.SGD(net.parameters(), lr=0.1), micro_batch=4, **run)
+    written = DeepSpeedPlugin(hf_ds_config={"train_micro_batch_size_per_gpu": 8})
+    with pytest.raises(ValueError, match=r"train_micro_batch_size_per_gpu=8 but the prepared"):
+        fill_auto(written, optimizer=None, micro_batch=4, **run)
+    filled = fill_auto(DeepSpeedPlugin(gradient_clipping=1.0), optimizer=None, micro_batch=4, **run)
+    assert filled["gradient_clipping"] == 1.0 and filled["train_batch_size"] == 8  # asked for
+
+
+def test_launch_section_keys_and_a_missing_deepspeed(monkeypatch):
+    from accel_parallel import ProcessInfo, select_strategy
+    from accel_parallel._deepspeed_plugin import DeepSpeedPlugin
+
+    plugin = DeepSpeedPlugin.from_launch_config(
+        {"zero_stage": "3", "zero3_init_flag": "true", "deepspeed_multinode_launcher": "pdsh"}
+    )
+    assert plugin.zero_stage == 3 and plugin.zero3_init_flag is True
+    with pytest.raises(ValueError, match="deepspeed_config key 'zero_stge' is not known"):
+        DeepSpeedPlugin.from_launch_config({"zero_stge": 3})
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "deepspeed" else real(name, *a),
+    )
+    with pytest.raises(ImportError, match=r"pip install accel-parallel\[deepspeed\]"):
+        select_strategy(ProcessInfo(torch.device("cpu")), deepspeed_plugin=DeepSpeedPlugin())
