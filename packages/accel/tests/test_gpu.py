@@ -289,3 +289,90 @@ def test_prepare_keeps_a_dispatched_model_and_device_placement_false_on_cuda():
         "close": True,
         "kept": "cpu",
     }
+
+
+def _deepspeed_on_cuda() -> dict:
+    from accel import Accelerator
+    from accel.state import AcceleratorState
+    from accel.utils import DeepSpeedPlugin
+
+    def data():
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(64, 8, generator=g)
+        return torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True).sin())
+
+    def net():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
+
+    ref = net().cuda()
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    for x, y in DataLoader(data(), batch_size=16):
+        nn.functional.mse_loss(ref(x.cuda()), y.cuda()).backward()
+        opt.step()
+        opt.zero_grad()
+    want = {k: v.float().cpu() for k, v in ref.state_dict().items()}
+    out = {}
+    for stage, mode in ((2, "no"), (3, "no"), (2, "bf16")):
+        AcceleratorState._reset_state(reset_partial_state=False)
+        plugin = DeepSpeedPlugin(zero_stage=stage, zero3_save_16bit_model=True)
+        acc = Accelerator(mixed_precision=mode, deepspeed_plugin=plugin)
+        model = net()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        model, opt, loader = acc.prepare(model, opt, DataLoader(data(), batch_size=16))
+        for x, y in loader:
+            acc.backward(nn.functional.mse_loss(model(x), y))
+            opt.step()
+            opt.zero_grad()
+        got = {k: v.float().cpu() for k, v in acc.get_state_dict(model).items()}
+        out[f"zero{stage}-{mode}"] = max(float((got[k] - want[k]).abs().max()) for k in want)
+        out["device"] = str(next(acc.unwrap_model(model).parameters()).device)
+    return out
+
+
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("deepspeed") is None, reason="needs deepspeed"
+)
+def test_deepspeed_zero_on_cuda_with_nccl_equals_plain_torch():
+    (r,) = run_distributed(_deepspeed_on_cuda, world_size=1, timeout=400)
+    assert r["device"] == "cuda:0"
+    assert r["zero2-no"] < 1e-5 and r["zero3-no"] < 1e-5, r
+    assert r["zero2-bf16"] < 5e-2, r  # bf16 engine: close to the fp32 run
+
+
+def _transformers_dispatch_on_cuda(folder: str) -> dict:
+    import accel
+
+    accel.use_as_accelerate()
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(0))
+    plain = AutoModelForCausalLM.from_pretrained(folder).cuda().eval()
+    want = plain(ids.cuda()).logits.float().cpu()
+    device_map = {"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": "cpu",
+                  "model.layers.2": "disk", "model.layers.3": "disk", "model.norm": 0,
+                  "model.rotary_emb": 0, "lm_head": 0}  # fmt: skip
+    spread = AutoModelForCausalLM.from_pretrained(
+        folder, device_map=device_map, offload_folder=f"{folder}/offload"
+    ).eval()
+    with torch.no_grad():
+        got = spread(ids.cuda()).logits.float().cpu()
+        same_generate = torch.equal(
+            plain.generate(ids.cuda(), max_new_tokens=8, do_sample=False).cpu(),
+            spread.generate(ids.cuda(), max_new_tokens=8, do_sample=False).cpu(),
+        )
+    return {"max_diff": float((got - want).abs().max()), "generate": same_generate}
+
+
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("transformers") is None, reason="needs transformers"
+)
+def test_transformers_from_pretrained_over_gpu_cpu_and_disk(tmp_path):
+    (r,) = run_distributed(_transformers_dispatch_on_cuda, str(tmp_path), world_size=1, timeout=300)
+    assert r["max_diff"] < 1e-4 and r["generate"], r
