@@ -236,3 +236,29 @@ def test_load_config_from_file_reads_what_accel_config_wrote(tmp_path, monkeypat
     monkeypatch.delenv("ACCEL_CONFIG_FILE", raising=False)
     with pytest.raises(FileNotFoundError, match="no default configuration file"):
         load_config_from_file()
+
+
+def test_distributed_type_names_the_engine_as_accelerate_does() -> None:
+    import types
+
+    from accel import DistributedType
+
+    acc = Accelerator(cpu=True)
+    assert acc.distributed_type == AcceleratorState().distributed_type == DistributedType.NO
+    for name, expected in (("deepspeed", "DEEPSPEED"), ("fsdp", "FSDP"), ("ddp", "NO")):
+        AcceleratorState._record(strategy=types.SimpleNamespace(name=name))
+        assert AcceleratorState().distributed_type == DistributedType(expected)
+
+
+def test_backward_with_scale_wrt_gas_false_leaves_the_loss_undivided() -> None:
+    from torch import nn
+
+    grads = {}
+    for scale in (True, False):
+        AcceleratorState._reset_state()
+        acc = Accelerator(cpu=True, gradient_accumulation_steps=4)
+        torch.manual_seed(0)
+        model = acc.prepare(nn.Linear(2, 1))
+        acc.backward(model(torch.ones(1, 2)).sum(), scale_wrt_gas=scale)
+        grads[scale] = model.weight.grad.clone()
+    torch.testing.assert_close(grads[False], 4 * grads[True])

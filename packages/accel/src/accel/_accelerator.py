@@ -401,8 +401,11 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
 
     # -- the step -----------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """`loss.backward()`, divided by the accumulation steps and scaled for fp16."""
-        if self.gradient_accumulation_steps > 1:
+        """`loss.backward()`, divided by the accumulation steps and scaled for fp16.
+
+        `scale_wrt_gas=False` (the keyword accelerate's DeepSpeed path takes, and transformers'
+        Trainer passes after dividing the loss itself) leaves the loss undivided."""
+        if kwargs.pop("scale_wrt_gas", True) and self.gradient_accumulation_steps > 1:
             loss = loss / self.gradient_accumulation_steps
         self.strategy.backward(loss, self.precision.backward, **kwargs)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from accel_state import PartialState
+from accel_state import DistributedType, PartialState
 
 
 class AcceleratorState(PartialState):
@@ -19,6 +19,14 @@ class AcceleratorState(PartialState):
     @property
     def mixed_precision(self) -> str:
         return str(AcceleratorState._choices.get("mixed_precision", "no"))
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        """As accelerate reports it: DEEPSPEED or FSDP when the run's engine is one, else the
+        topology's (NO, MULTI_CPU, MULTI_GPU, ...)."""
+        name = getattr(AcceleratorState._choices.get("strategy"), "name", "")
+        engine = {"deepspeed": DistributedType.DEEPSPEED, "fsdp": DistributedType.FSDP}.get(name)
+        return engine or self.topology.distributed_type
 
     @property
     def fsdp_plugin(self) -> Any:
