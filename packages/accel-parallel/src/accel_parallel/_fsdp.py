@@ -256,19 +256,22 @@ class FSDP2Strategy(Strategy):
     def clip_grad_norm_(
         self, parameters: Iterable[nn.Parameter], max_norm: float, norm_type: float = 2.0
     ) -> torch.Tensor:
-        """Clip by the global norm over every shard; returns that norm (a plain tensor)."""
+        """Clip by the global norm over every shard; returns that norm (a plain tensor).
+
+        The gradients are DTensors (on one mesh, or on several under a ParallelismConfig: tp,
+        the data-parallel one, both) and plain tensors of ignored, replicated modules: each
+        group of one mesh and placement has its norm taken apart, then they are combined."""
         grads = [p.grad for p in parameters if p.grad is not None]
         if not grads:
             return torch.tensor(0.0)
+        groups: dict[Any, list[torch.Tensor]] = {}
+        for g in grads:
+            key = (g.device_mesh, tuple(g.placements)) if hasattr(g, "device_mesh") else None
+            groups.setdefault(key, []).append(g)
         norms = []
-        # Sharded gradients (DTensors) and those of ignored, replicated modules.
-        for group in (
-            [g for g in grads if hasattr(g, "full_tensor")],
-            [g for g in grads if not hasattr(g, "full_tensor")],
-        ):
-            if group:
-                norm = nn.utils.get_total_norm(group, norm_type)
-                norms.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        for group in groups.values():
+            norm = nn.utils.get_total_norm(group, norm_type)
+            norms.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         device = norms[0].device
         total = torch.linalg.vector_norm(
             torch.stack([n.to(device, torch.float32) for n in norms]), norm_type

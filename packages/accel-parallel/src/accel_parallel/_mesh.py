@@ -10,7 +10,7 @@ from the mesh, so loaders, metrics and schedulers count data-parallel replicas.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -106,32 +106,6 @@ class MeshStrategy(FSDP2Strategy):
         if self.shards:
             model.set_requires_gradient_sync(True)
         yield
-
-    def clip_grad_norm_(
-        self, parameters: Iterable[nn.Parameter], max_norm: float, norm_type: float = 2.0
-    ) -> torch.Tensor:
-        """Clip by the global norm: the gradients are DTensors on several meshes (tp, the
-        data-parallel one, both) and plain tensors; each group's norm is taken apart."""
-        grads = [p.grad for p in parameters if p.grad is not None]
-        if not grads:
-            return torch.tensor(0.0)
-        groups: dict[Any, list[torch.Tensor]] = {}
-        for g in grads:
-            key = (g.device_mesh, tuple(g.placements)) if hasattr(g, "device_mesh") else None
-            groups.setdefault(key, []).append(g)
-        norms = []
-        for group in groups.values():
-            norm = nn.utils.get_total_norm(group, norm_type)
-            norms.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-        device = norms[0].device
-        total = torch.linalg.vector_norm(
-            torch.stack([n.to(device, torch.float32) for n in norms]), norm_type
-        )
-        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        for g in grads:
-            local = g.to_local() if hasattr(g, "to_local") else g
-            local.mul_(coef.to(local.device, local.dtype))
-        return total
 
     # -- context parallel ---------------------------------------------------------------------------
     def context_parallel(
