@@ -124,3 +124,19 @@ def test_bad_plans_are_named() -> None:
     assert sorted(resolve_plan(Net(), None)) == [
         "blocks.0.down", "blocks.0.up", "blocks.1.down", "blocks.1.up"
     ]  # fmt: skip
+
+
+def test_a_plan_that_would_split_a_tied_weight_is_refused() -> None:
+    from accel_parallel._tp import apply_tensor_parallel
+
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(16, 8)
+            self.body = nn.Linear(8, 8)
+            self.head = nn.Linear(8, 16, bias=False)
+            self.head.weight = self.embed.weight
+
+    for plan in ({"head": "colwise"}, {"embed": "embedding_rowwise", "body": "colwise"}):
+        with pytest.raises(ValueError, match=r"\['embed.weight', 'head.weight'\] are one tied"):
+            apply_tensor_parallel(Tied(), None, plan)  # refused before any mesh is touched

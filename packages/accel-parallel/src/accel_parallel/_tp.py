@@ -6,8 +6,8 @@ under ``base_model_prefix``). A pattern's ``*`` stands for one part of a module 
 (``layers.*.mlp.up_proj``). Styles: transformers' names (``colwise``, ``rowwise``,
 ``colwise_rep`` / ``colwise_gather_output``, ``rowwise_rep`` / ``rowwise_split_input``,
 ``embedding_rowwise``, ``embedding_colwise``, ``sequence_parallel``, ``replicate``) or any
-torch ``ParallelStyle``. Tied weights are split once per module, so they come apart: untie
-them (``tie_word_embeddings=False``) or leave one of the pair out of the plan.
+torch ``ParallelStyle``. A weight tied between modules that the plan splits is refused (split,
+the two would train apart): untie it (``tie_word_embeddings=False``) or leave it out of the plan.
 """
 
 from __future__ import annotations
@@ -128,11 +128,30 @@ def apply_tensor_parallel(
     if any(isinstance(p, DTensor) for p in model.parameters()):
         return model
     resolved = resolve_plan(model, plan)
+    _refuse_split_ties(model, resolved)
     if enable_async_tp:
         _enable_async_tp(tp_mesh)
     for name, style in resolved.items():
         parallelize_module(model.get_submodule(name), tp_mesh, style)
     return model
+
+
+def _refuse_split_ties(model: nn.Module, resolved: Mapping[str, Any]) -> None:
+    """Tensor parallel replaces each planned module's weights by its own DTensor, so a weight
+    tied between modules would silently become two that train apart: refuse that."""
+    owners: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(param), []).append(name)
+    for names in owners.values():
+        if len(names) < 2:
+            continue
+        planned = [n for n in names if any(n == m or n.startswith(f"{m}.") for m in resolved)]
+        if planned:
+            raise ValueError(
+                f"tensor-parallel plan: {names} are one tied weight and the plan splits "
+                f"{planned}; splitting would untie them (they would train apart). Untie them "
+                f"(e.g. tie_word_embeddings=False) or leave every one of them out of the plan."
+            )
 
 
 def _enable_async_tp(tp_mesh: Any) -> None:
