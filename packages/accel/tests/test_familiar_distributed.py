@@ -133,7 +133,9 @@ def test_a_dispatched_model_keeps_its_placement_on_one_process(tmp_path) -> None
     want = model(x)
     model = dispatch_model(model, {"0": "cpu", "1": "disk"}, offload_dir=tmp_path)
     try:
-        prepared = Accelerator(cpu=True).prepare(model)
+        acc = Accelerator(cpu=True)
+        assert acc.verify_device_map(model) and not acc.verify_device_map(nn.Linear(2, 2))
+        prepared = acc.prepare(model)
         assert prepared[1].weight.device.type == "meta"  # still offloaded, not collapsed
         torch.testing.assert_close(prepared(x), want)
     finally:

@@ -42,6 +42,11 @@ def main(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> None:
         os.sched_setaffinity(0, core_share(sorted(os.sched_getaffinity(0)), rank, world))
     else:  # pragma: no cover - macOS and Windows
         print("accel: --enable_cpu_affinity: this OS cannot pin processes", file=sys.stderr)
+    become(mode, target, args)
+
+
+def become(mode: str, target: str, args: Sequence[str]) -> None:
+    """Replace this process by the program: a script, a module (`-m`) or any program."""
     sys.stdout.flush()
     if mode == "program":
         os.execvp(target, [target, *args])

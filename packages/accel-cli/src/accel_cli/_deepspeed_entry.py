@@ -9,17 +9,14 @@ import os
 import sys
 from collections.abc import Sequence
 
+from accel_cli._affinity import become
 from accel_cli._environment import ENV_ACCEL_CONFIG
 
 
 def main(argv: Sequence[str]) -> None:
     config, mode, target, *args = argv
     os.environ[ENV_ACCEL_CONFIG] = base64.urlsafe_b64decode(config.encode()).decode()
-    sys.stdout.flush()
-    if mode == "program":
-        os.execvp(target, [target, *args])
-    python = [sys.executable, "-u"]
-    os.execv(sys.executable, [*python, *(["-m", target] if mode == "module" else [target]), *args])
+    become(mode, target, args)
 
 
 if __name__ == "__main__":

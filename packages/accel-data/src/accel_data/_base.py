@@ -27,6 +27,10 @@ class IterationObserver(Protocol):
     def end(self, loader: Any) -> None: ...
 
 
+def _no_state() -> None:
+    return None
+
+
 class _PreparedLoader:
     """Base of the prepared loaders. Subclasses provide `_batches(skip)` and `__len__`."""
 
@@ -80,7 +84,8 @@ class _PreparedLoader:
         observer = self.iteration_observer
         if observer is not None:
             observer.begin(self)
-        snapshot = self._stateful_snapshot
+        # torchdata's state, taken per batch only over a StatefulDataLoader
+        snapshot = self.base_dataloader.state_dict if self._is_stateful else _no_state
         try:
             batches = self._batches(skip)
             current = next(batches, _END)
@@ -112,9 +117,6 @@ class _PreparedLoader:
         """The base loader is torchdata's StatefulDataLoader (its state is reported too)."""
         base = self.base_dataloader
         return type(base).__module__.startswith("torchdata.") and hasattr(base, "state_dict")
-
-    def _stateful_snapshot(self) -> dict[str, Any] | None:
-        return self.base_dataloader.state_dict() if self._is_stateful else None
 
     def _final_remainder(self) -> int | None:
         """The remainder observed at the end of the epoch, None when nothing was observed."""

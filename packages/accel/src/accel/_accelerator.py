@@ -574,6 +574,10 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
         return torch.device("cpu") if self.state.backend in (None, "gloo") else self.device
 
     # -- models -------------------------------------------------------------------------------
+    def verify_device_map(self, model: nn.Module) -> bool:
+        """True when `model` was dispatched over several devices (its `hf_device_map`)."""
+        return bool(_devices_of_dispatched(model))
+
     def unwrap_model(
         self, model: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
     ) -> nn.Module:
