@@ -1,0 +1,278 @@
+"""Run HuggingFace Accelerate's own test suite against accel, beside accelerate's own figures.
+
+    uv run python tools/compat/run_accelerate_suite.py            # the whole suite, both sides
+    uv run python tools/compat/run_accelerate_suite.py --fast     # the subset `uv run pytest` runs
+    uv run python tools/compat/run_accelerate_suite.py --side accel -k test_data_loader.py
+
+What it does:
+1. Fetches accelerate's source distribution (a fixed version) from the package registry into
+   a cache (`$ACCEL_COMPAT_CACHE`, default `~/.cache/accel-compat`), once.
+2. Lays out two work trees from its `tests/` and `src/accelerate/test_utils/`:
+   - `accelerate/`: the files as they are, run against the installed accelerate (the baseline
+     on this machine, needs accelerate installed: the dev group has it through peft);
+   - `accel/`: every `accelerate` import and command rewritten to `accel`, as a user who
+     switches would do. accelerate's test helpers (`test_utils`: its test scripts, regression
+     models, decorators) move with the tests as the local package `accel_suite.test_utils`
+     (their own imports rewritten too), so they drive accel, not accelerate.
+3. Runs pytest on each side in a subprocess (one file at a time, so an import failure or a
+   hang costs one file only) and prints a per-file table and one summary line.
+
+Nothing of accelerate's is kept in this repository: it is fetched and rewritten at run time.
+The tests that still fail on accel, each with its reason, are listed in
+`tools/compat/expected_failures.toml`; `--check` fails when a test outside that list fails
+(or an accel figure falls below the list's floor).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+VERSION = "1.15.0"
+SDIST = f"accelerate-{VERSION}.tar.gz"
+HERE = Path(__file__).resolve().parent
+EXPECTED = HERE / "expected_failures.toml"
+# The fast subset `uv run pytest` runs (packages/accel/tests/test_accelerate_suite.py): files
+# that together take well under two minutes here and cover the names users import first.
+FAST_FILES = (
+    "test_imports.py",
+    "test_dataclasses.py",
+    "test_data_loader.py",
+    "test_hooks.py",
+    "test_modeling_utils.py",
+    "test_offload.py",
+    "test_memory_utils.py",
+    "test_logging.py",
+    "test_optimizer.py",
+    "test_utils.py",
+)
+FILE_TIMEOUT_S = 900
+_IMPORT = re.compile(r"\baccelerate\b")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ACCEL_COMPAT_CACHE", Path.home() / ".cache" / "accel-compat"))
+
+
+def fetch_sdist(cache: Path) -> Path:
+    """The extracted sdist; downloads it from the package registry the first time."""
+    root = cache / f"accelerate-{VERSION}"
+    if (root / "tests").is_dir():
+        return root
+    cache.mkdir(parents=True, exist_ok=True)
+    archive = cache / SDIST
+    if not archive.exists():
+        _download(archive)
+    tmp = cache / f".extract-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp, filter="data")
+    (tmp / f"accelerate-{VERSION}").rename(root)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return root
+
+
+def _download(archive: Path) -> None:
+    """pip, through uv, knows this machine's registry settings (the project's venv has no pip)."""
+    pip_args = ["download", f"accelerate=={VERSION}", "--no-binary", ":all:", "--no-deps"]
+    pip_args += ["-d", str(archive.parent), "--quiet"]
+    tries = []
+    if shutil.which("uvx"):
+        tries.append(["uvx", "pip", *pip_args])
+    tries.append([sys.executable, "-m", "pip", *pip_args])
+    for cmd in tries:
+        if subprocess.run(cmd, capture_output=True).returncode == 0 and archive.exists():
+            return
+    raise SystemExit(
+        f"could not download accelerate {VERSION}'s source distribution with {tries[0][0]}; "
+        f"put {SDIST} into {archive.parent} by hand (pip download accelerate=={VERSION} "
+        "--no-binary :all: --no-deps)"
+    )
+
+
+def rewrite(text: str) -> str:
+    """accelerate's imports, module paths and command name, as a switching user writes them."""
+    text = text.replace("accelerate.test_utils", "accel_suite.test_utils")
+    # the helper that finds test scripts inside the package: they live beside the tests now
+    text = text.replace("inspect.getfile(accelerate)", "inspect.getfile(accel_suite)")
+    text = text.replace("import accelerate\n", "import accel\nimport accel_suite\n", 1)
+    return _IMPORT.sub("accel", text)
+
+
+def _absolute_imports(text: str, depth: int) -> str:
+    """Relative imports that climb out of test_utils (`from ..state`) name accel instead."""
+
+    def fix(m: re.Match) -> str:
+        dots, rest = m[1], m[2]
+        return f"from accel{'.' + rest if rest else ''} import" if len(dots) > depth else m[0]
+
+    return re.sub(r"^from (\.+)([\w.]*) import", fix, text, flags=re.M)
+
+
+def lay_out(sdist: Path, work: Path, side: str) -> Path:
+    """The work tree of one side; rebuilt each run (the rewrite is cheap and may change)."""
+    shutil.rmtree(work, ignore_errors=True)
+    tests = work / "tests"
+    shutil.copytree(sdist / "tests", tests)
+    utils = sdist / "src" / "accelerate" / "test_utils"
+    if side == "accel":
+        pkg = work / "accel_suite"
+        pkg.mkdir()
+        (pkg / "__init__.py").write_text("")
+        shutil.copytree(utils, pkg / "test_utils")
+        for path in tests.rglob("*.py"):
+            path.write_text(rewrite(path.read_text()))
+        for path in (pkg / "test_utils").rglob("*.py"):
+            depth = len(path.relative_to(pkg / "test_utils").parts)  # 1: test_utils/x.py
+            path.write_text(rewrite(_absolute_imports(path.read_text(), depth)))
+    (work / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n")
+    return work
+
+
+@dataclass
+class FileResult:
+    name: str
+    counts: dict[str, int] = field(default_factory=dict)
+    failed: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    note: str = ""
+
+
+_SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected)")
+_FAILED = re.compile(r"^(FAILED|ERROR) (\S+)", re.M)
+
+
+def run_file(work: Path, name: str, side: str, extra: list[str]) -> FileResult:
+    env = dict(os.environ, PYTHONPATH=str(work), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    env.pop("ACCEL_AS_ACCELERATE", None)
+    env.setdefault("ACCELERATE_USE_CPU", "")  # left as the user has it
+    cmd = [sys.executable, "-m", "pytest", f"tests/{name}", "-q", "-rfE", "-p", "no:randomly"]
+    cmd += ["--rootdir", str(work), "-c", str(work / "pytest.ini"), *extra]
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            cmd, cwd=work, env=env, capture_output=True, text=True, timeout=FILE_TIMEOUT_S
+        )
+        out = proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        res = FileResult(name, {"failed": 1}, [f"tests/{name}"], FILE_TIMEOUT_S, "timed out")
+        return res
+    res = FileResult(name, seconds=time.perf_counter() - start)
+    tail = out.strip().splitlines()[-1] if out.strip() else ""
+    for n, kind in _SUMMARY.findall(tail):
+        kind = "error" if kind.startswith("error") else kind
+        res.counts[kind] = res.counts.get(kind, 0) + int(n)
+    res.failed = sorted({m[1] for m in _FAILED.findall(out)})
+    if not res.counts:
+        res.counts["error"] = 1
+        res.failed = [f"tests/{name}"]
+        res.note = tail[:120]
+    (work / "logs").mkdir(exist_ok=True)
+    (work / "logs" / f"{name}.log").write_text(out)
+    return res
+
+
+def load_expected() -> dict:
+    if not EXPECTED.exists():
+        return {"failures": {}}
+    with open(EXPECTED, "rb") as f:
+        data = tomllib.load(f)
+    data.setdefault("failures", {})
+    return data
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--side", choices=("both", "accel", "accelerate"), default="both")
+    ap.add_argument("--fast", action="store_true", help="only the subset pytest runs")
+    ap.add_argument("-k", "--files", nargs="*", help="only these test files (test_x.py)")
+    ap.add_argument("--check", action="store_true", help="fail on an unlisted accel failure")
+    ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("pytest_args", nargs="*", help="passed on to pytest (after --)")
+    args = ap.parse_args(argv)
+
+    sdist = fetch_sdist(cache_dir())
+    names = sorted(p.name for p in (sdist / "tests").glob("test_*.py"))
+    if args.fast:
+        names = [n for n in names if n in FAST_FILES]
+    if args.files:
+        names = [n for n in names if n in args.files]
+    sides = ["accelerate", "accel"] if args.side == "both" else [args.side]
+    if "accelerate" in sides and not _has_accelerate():
+        print("accelerate is not installed here: running the accel side only", file=sys.stderr)
+        sides.remove("accelerate")
+    results: dict[str, dict[str, FileResult]] = {}
+    for side in sides:
+        work = lay_out(sdist, cache_dir() / "work" / side, side)
+        results[side] = {}
+        for name in names:
+            res = run_file(work, name, side, args.pytest_args)
+            results[side][name] = res
+            print(f"  {side:10} {name:52} {_fmt(res.counts)}  {res.seconds:5.0f}s", flush=True)
+    _report(names, results)
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {s: {n: vars(r) for n, r in rs.items()} for s, rs in results.items()}, indent=1
+            )
+        )
+    if args.check and "accel" in results:
+        return _check(results["accel"])
+    return 0
+
+
+def _has_accelerate() -> bool:
+    code = "import importlib.util,sys; sys.exit(importlib.util.find_spec('accelerate') is None)"
+    return subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def _fmt(c: dict[str, int]) -> str:
+    return " ".join(f"{c.get(k, 0):3d} {k}" for k in ("passed", "failed", "error", "skipped"))
+
+
+def _total(rs: dict[str, FileResult], kind: str) -> int:
+    return sum(r.counts.get(kind, 0) for r in rs.values())
+
+
+def _report(names: list[str], results: dict[str, dict[str, FileResult]]) -> None:
+    sides = list(results)
+    head = f"{'file':48}" + "".join(f" | {s:>26}" for s in sides)
+    print("\n" + head + "\n" + "-" * len(head))
+    for n in names:
+        row = f"{n:48}"
+        for s in sides:
+            c = results[s][n].counts
+            fails = c.get("failed", 0) + c.get("error", 0)
+            row += f" | {c.get('passed', 0):4d} pass {fails:4d} fail {c.get('skipped', 0):4d} skip"
+        print(row)
+    print()
+    for s in sides:
+        rs = results[s]
+        fails = _total(rs, "failed") + _total(rs, "error")
+        print(
+            f"{s}: {_total(rs, 'passed')} passed, {fails} failed, {_total(rs, 'skipped')} skipped"
+            f" ({len(rs)} files, accelerate {VERSION}'s suite)"
+        )
+
+
+def _check(rs: dict[str, FileResult]) -> int:
+    listed = load_expected()["failures"]
+    unlisted = sorted({t for r in rs.values() for t in r.failed} - set(listed))
+    for t in unlisted:
+        print(f"unlisted failure: {t}  (fix accel, or list it with its reason in {EXPECTED.name})")
+    return 1 if unlisted else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
