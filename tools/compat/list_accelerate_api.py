@@ -15,6 +15,9 @@ What counts as public:
   submodule that defines them (`accelerate.utils.modeling.dtype_byte_size`).
 - `accelerate.commands.*`: the module paths and their command entry points (`main`,
   `*_command`, `*_command_parser`).
+- in every module, also what users import from it although it is defined elsewhere: any
+  class or function of accelerate's bound there (`DataLoaderConfiguration` from
+  `accelerate.accelerator`), and its upper-case constants.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import types
 import warnings
 
 SKIP = ("accelerate.test_utils", "accelerate.commands.menu", "accelerate.utils.rich")
+CONSTANT_TYPES = (str, int, float, bool, tuple, list, dict, set, frozenset)
 COMMAND_ENTRY = re.compile(r"^(main|.*_command|.*_command_parser|write_basic_config)$")
 
 
@@ -73,7 +77,22 @@ def collect() -> dict[str, object]:
             modules[name] = [k for k in _defined_here(module) if COMMAND_ENTRY.match(k)]
         else:
             modules[name] = _defined_here(module)
+        modules[name] = sorted(set(modules[name]) | _importable(module))
+    modules["accelerate"] = sorted(set(modules["accelerate"]) | _importable(accelerate))
+    modules["accelerate.utils"] = sorted(set(modules["accelerate.utils"]) | _importable(accelerate.utils))
     return {"accelerate_version": accelerate.__version__, "modules": modules}
+
+
+def _importable(module: types.ModuleType) -> set[str]:
+    """accelerate's own classes and functions bound in the module, and its constants."""
+    names = set()
+    for k, v in _public(module).items():
+        owner = getattr(v, "__module__", None) or ""
+        if isinstance(v, (type, types.FunctionType)) and owner.startswith("accelerate"):
+            names.add(k)
+        elif k.isupper() and k != "TYPE_CHECKING" and isinstance(v, CONSTANT_TYPES):
+            names.add(k)
+    return names
 
 
 def _elsewhere(key: str, name: str, module: types.ModuleType) -> set[str]:

@@ -1,5 +1,27 @@
 """Familiar path `accelerate.parallelism_config`: re-exports from the packages that own the code."""
 
-from accel_parallel import ParallelismConfig
+from accel._compat._left_out import (
+    DeepSpeedSequenceParallelConfig,
+)
+from accel._compat._versions import (
+    is_torch_version,
+)
+from accel_parallel import (
+    ParallelismConfig,
+    TorchContextParallelConfig,
+    TorchTensorParallelConfig,
+)
+from accel_state import (
+    DistributedType,
+)
 
 __all__ = ["ParallelismConfig"]
+
+# accelerate's module binds these too; users import them from here
+__all__ += [
+    "DeepSpeedSequenceParallelConfig",
+    "DistributedType",
+    "TorchContextParallelConfig",
+    "TorchTensorParallelConfig",
+    "is_torch_version",
+]

@@ -1,6 +1,32 @@
 """Familiar path `accelerate.state`: re-exports from the packages that own the code."""
 
-from accel._accelerator import AcceleratorState, GradientState
+from accel._accelerator import (
+    AcceleratorState,
+    GradientAccumulationPlugin,
+    GradientState,
+)
+from accel._compat._environment import (
+    check_cuda_p2p_ib_support,
+    get_cpu_distributed_information,
+    get_int_from_env,
+    parse_choice_from_env,
+    parse_flag_from_env,
+)
+from accel._compat._extras import (
+    DynamoBackend,
+)
+from accel._compat._imports import (
+    deepspeed_required,
+    is_datasets_available,
+    is_deepspeed_available,
+    is_fp8_available,
+    is_habana_gaudi1,
+    is_mps_available,
+    is_xccl_available,
+)
+from accel._compat._left_out import (
+    SageMakerDistributedType,
+)
 from accel._compat._misc import ThreadLocalSharedDict, do_nothing, is_initialized
 from accel_state import DistributedType, PartialState
 
@@ -12,4 +38,23 @@ __all__ = [
     "ThreadLocalSharedDict",
     "do_nothing",
     "is_initialized",
+]
+
+# accelerate's module binds these too; users import them from here
+__all__ += [
+    "DynamoBackend",
+    "GradientAccumulationPlugin",
+    "SageMakerDistributedType",
+    "check_cuda_p2p_ib_support",
+    "deepspeed_required",
+    "get_cpu_distributed_information",
+    "get_int_from_env",
+    "is_datasets_available",
+    "is_deepspeed_available",
+    "is_fp8_available",
+    "is_habana_gaudi1",
+    "is_mps_available",
+    "is_xccl_available",
+    "parse_choice_from_env",
+    "parse_flag_from_env",
 ]

@@ -1,9 +1,36 @@
 """Familiar path `accelerate.commands.estimate`: re-exports from the packages that own the code."""
 
+from accel._compat._extras import (
+    calculate_maximum_sizes,
+)
+from accel._compat._imports import (
+    is_timm_available,
+    is_transformers_available,
+)
 from accel._compat._misc import cli_command, cli_main, cli_parser
+from accel._compat._other import (
+    convert_bytes,
+)
+from accel_bigmodel import (
+    init_empty_weights,
+)
 
 estimate_command = cli_command("estimate_memory_command")
+
+
 estimate_command_parser = cli_parser("estimate-memory")
+
+
 main = cli_main("estimate-memory")
 
+
 __all__ = ["estimate_command", "estimate_command_parser", "main"]
+
+
+__all__ += [
+    "calculate_maximum_sizes",
+    "convert_bytes",
+    "init_empty_weights",
+    "is_timm_available",
+    "is_transformers_available",
+]

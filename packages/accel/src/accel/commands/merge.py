@@ -1,9 +1,22 @@
 """Familiar path `accelerate.commands.merge`: re-exports from the packages that own the code."""
 
 from accel._compat._misc import cli_command, cli_main, cli_parser
+from accel._export import (
+    merge_fsdp_weights,
+)
 
 main = cli_main("merge-weights")
+
+
 merge_command = cli_command("merge_weights_command")
+
+
 merge_command_parser = cli_parser("merge-weights")
 
+
 __all__ = ["main", "merge_command", "merge_command_parser"]
+
+
+__all__ += [
+    "merge_fsdp_weights",
+]

@@ -1,5 +1,38 @@
 """Familiar path `accelerate.utils.bnb`: re-exports from the packages that own the code."""
 
-from accel._compat._left_out import has_4bit_bnb_layers, load_and_quantize_model
+from accel._compat._imports import (
+    is_4bit_bnb_available,
+    is_8bit_bnb_available,
+)
+from accel._compat._left_out import (
+    BnbQuantizationConfig,
+    has_4bit_bnb_layers,
+    load_and_quantize_model,
+)
+from accel_bigmodel import (
+    dispatch_model,
+    find_tied_parameters,
+    get_balanced_memory,
+    infer_auto_device_map,
+    init_empty_weights,
+    load_checkpoint_in_model,
+    offload_weight,
+    set_module_tensor_to_device,
+)
 
 __all__ = ["has_4bit_bnb_layers", "load_and_quantize_model"]
+
+# accelerate's module binds these too; users import them from here
+__all__ += [
+    "BnbQuantizationConfig",
+    "dispatch_model",
+    "find_tied_parameters",
+    "get_balanced_memory",
+    "infer_auto_device_map",
+    "init_empty_weights",
+    "is_4bit_bnb_available",
+    "is_8bit_bnb_available",
+    "load_checkpoint_in_model",
+    "offload_weight",
+    "set_module_tensor_to_device",
+]

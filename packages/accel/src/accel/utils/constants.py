@@ -24,6 +24,9 @@ from accel._compat._constants import (
     WEIGHTS_PATTERN_NAME,
     XPU_PROFILING_AVAILABLE_PYTORCH_VERSION,
 )
+from accel._compat._versions import (
+    STR_OPERATION_TO_FUNC,
+)
 
 __all__ = [
     "FSDP_AUTO_WRAP_POLICY",
@@ -48,4 +51,9 @@ __all__ = [
     "WEIGHTS_NAME",
     "WEIGHTS_PATTERN_NAME",
     "XPU_PROFILING_AVAILABLE_PYTORCH_VERSION",
+]
+
+# accelerate's module binds these too; users import them from here
+__all__ += [
+    "STR_OPERATION_TO_FUNC",
 ]

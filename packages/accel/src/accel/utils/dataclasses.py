@@ -7,10 +7,24 @@ from accel._accelerator import (
     TorchDynamoPlugin,
 )
 from accel._compat._constants import (
+    FSDP_AUTO_WRAP_POLICY,
+    FSDP_BACKWARD_PREFETCH,
+    FSDP_SHARDING_STRATEGY,
     MITA_PROFILING_AVAILABLE_PYTORCH_VERSION,
     XPU_PROFILING_AVAILABLE_PYTORCH_VERSION,
 )
+from accel._compat._environment import (
+    parse_flag_from_env,
+    str_to_bool,
+)
 from accel._compat._extras import ComputeEnvironment, CustomDtype, DynamoBackend, KwargsHandler
+from accel._compat._imports import (
+    is_cuda_available,
+    is_msamp_available,
+    is_rocm_available,
+    is_torchao_available,
+    is_transformer_engine_available,
+)
 from accel._compat._left_out import (
     BnbQuantizationConfig,
     DeepSpeedSequenceParallelConfig,
@@ -20,6 +34,10 @@ from accel._compat._left_out import (
     add_model_config_to_megatron_parser,
 )
 from accel._compat._operations import TensorInformation
+from accel._compat._versions import (
+    compare_versions,
+    is_torch_version,
+)
 from accel_data import DataLoaderConfiguration
 from accel_parallel import (
     DDPCommunicationHookType,
@@ -75,4 +93,20 @@ __all__ = [
     "TorchTensorParallelConfig",
     "TorchTensorParallelPlugin",
     "add_model_config_to_megatron_parser",
+]
+
+# accelerate's module binds these too; users import them from here
+__all__ += [
+    "FSDP_AUTO_WRAP_POLICY",
+    "FSDP_BACKWARD_PREFETCH",
+    "FSDP_SHARDING_STRATEGY",
+    "compare_versions",
+    "is_cuda_available",
+    "is_msamp_available",
+    "is_rocm_available",
+    "is_torch_version",
+    "is_torchao_available",
+    "is_transformer_engine_available",
+    "parse_flag_from_env",
+    "str_to_bool",
 ]

@@ -1,5 +1,15 @@
 """Familiar path `accelerate.utils.deepspeed`: re-exports from the packages that own the code."""
 
+from accel._accelerator import (
+    AcceleratedOptimizer,
+    AcceleratedScheduler,
+)
+from accel._compat._imports import (
+    is_bnb_available,
+)
+from accel._compat._versions import (
+    compare_versions,
+)
 from accel._deepspeed import (
     DeepSpeedEngineWrapper,
     DeepSpeedOptimizerWrapper,
@@ -8,6 +18,9 @@ from accel._deepspeed import (
 )
 from accel_parallel import DummyOptim, DummyScheduler, HfDeepSpeedConfig
 from accel_parallel._deepspeed_parts import map_pytorch_optim_to_deepspeed
+from accel_state import (
+    DistributedType,
+)
 
 __all__ = [
     "DeepSpeedEngineWrapper",
@@ -18,4 +31,13 @@ __all__ = [
     "HfDeepSpeedConfig",
     "get_active_deepspeed_plugin",
     "map_pytorch_optim_to_deepspeed",
+]
+
+# accelerate's module binds these too; users import them from here
+__all__ += [
+    "AcceleratedOptimizer",
+    "AcceleratedScheduler",
+    "DistributedType",
+    "compare_versions",
+    "is_bnb_available",
 ]

@@ -1,6 +1,9 @@
 """Familiar path `accelerate.utils.fsdp_utils`: re-exports from the packages that own the code."""
 
 from accel._compat._constants import OPTIMIZER_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
+from accel._compat._extras import (
+    is_peft_model,
+)
 from accel._compat._fsdp_files import (
     load_fsdp_model,
     load_fsdp_optimizer,
@@ -18,7 +21,18 @@ from accel._compat._left_out import (
     fsdp2_switch_optimizer_parameters,
     get_fsdp2_grad_scaler,
 )
+from accel._compat._other import (
+    get_module_children_bottom_up,
+    is_compiled_module,
+    save,
+)
+from accel._compat._versions import (
+    is_torch_version,
+)
 from accel._export import merge_fsdp_weights
+from accel._logging import (
+    get_logger,
+)
 
 __all__ = [
     "OPTIMIZER_NAME",
@@ -38,4 +52,14 @@ __all__ = [
     "merge_fsdp_weights",
     "save_fsdp_model",
     "save_fsdp_optimizer",
+]
+
+# accelerate's module binds these too; users import them from here
+__all__ += [
+    "get_logger",
+    "get_module_children_bottom_up",
+    "is_compiled_module",
+    "is_peft_model",
+    "is_torch_version",
+    "save",
 ]

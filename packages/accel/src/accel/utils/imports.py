@@ -1,5 +1,10 @@
 """Familiar path `accelerate.utils.imports`: re-exports from the packages that own the code."""
 
+from accel._compat._environment import (
+    parse_flag_from_env,
+    patch_environment,
+    str_to_bool,
+)
 from accel._compat._imports import (
     deepspeed_required,
     is_4bit_bnb_available,
@@ -59,6 +64,10 @@ from accel._compat._imports import (
     is_xccl_available,
     is_xpu_available,
     torchao_required,
+)
+from accel._compat._versions import (
+    compare_versions,
+    is_torch_version,
 )
 
 __all__ = [
@@ -120,4 +129,13 @@ __all__ = [
     "is_xccl_available",
     "is_xpu_available",
     "torchao_required",
+]
+
+# accelerate's module binds these too; users import them from here
+__all__ += [
+    "compare_versions",
+    "is_torch_version",
+    "parse_flag_from_env",
+    "patch_environment",
+    "str_to_bool",
 ]

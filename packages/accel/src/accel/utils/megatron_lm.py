@@ -1,5 +1,12 @@
 """Familiar path `accelerate.utils.megatron_lm`: re-exports from the packages that own the code."""
 
+from accel._accelerator import (
+    AcceleratedOptimizer,
+    AcceleratedScheduler,
+)
+from accel._compat._imports import (
+    is_megatron_lm_available,
+)
 from accel._compat._left_out import (
     AbstractTrainStep,
     BertTrainStep,
@@ -8,6 +15,13 @@ from accel._compat._left_out import (
     MegatronLMDummyScheduler,
     T5TrainStep,
     avg_losses_across_data_parallel_group,
+)
+from accel_data import (
+    prepare_data_loader,
+)
+from accel_state import (
+    recursively_apply,
+    send_to_device,
 )
 
 __all__ = [
@@ -18,4 +32,14 @@ __all__ = [
     "MegatronLMDummyScheduler",
     "T5TrainStep",
     "avg_losses_across_data_parallel_group",
+]
+
+# accelerate's module binds these too; users import them from here
+__all__ += [
+    "AcceleratedOptimizer",
+    "AcceleratedScheduler",
+    "is_megatron_lm_available",
+    "prepare_data_loader",
+    "recursively_apply",
+    "send_to_device",
 ]

@@ -1,13 +1,28 @@
 """Familiar path `accelerate.utils.modeling`: re-exports from the packages that own the code."""
 
+from accel._accelerator import (
+    AcceleratorState,
+)
 from accel._compat._constants import SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 from accel._compat._extras import (
+    CustomDtype,
     calculate_maximum_sizes,
     check_tied_parameters_in_config,
     get_grad_scaler,
     get_mixed_precision_context_manager,
     is_peft_model,
     load_offloaded_weights,
+    tqdm,
+)
+from accel._compat._imports import (
+    is_mps_available,
+    is_peft_available,
+)
+from accel._compat._versions import (
+    is_torch_version,
+)
+from accel._memory import (
+    clear_device_cache,
 )
 from accel_bigmodel import (
     align_module_device,
@@ -25,10 +40,19 @@ from accel_bigmodel import (
     id_tensor_storage,
     infer_auto_device_map,
     load_checkpoint_in_model,
+    load_offloaded_weight,
     load_state_dict,
     named_module_tensors,
+    offload_weight,
     retie_parameters,
+    save_offload_index,
     set_module_tensor_to_device,
+)
+from accel_precision import (
+    AutocastKwargs,
+)
+from accel_state import (
+    DistributedType,
 )
 
 __all__ = [
@@ -60,4 +84,20 @@ __all__ = [
     "named_module_tensors",
     "retie_parameters",
     "set_module_tensor_to_device",
+]
+
+# accelerate's module binds these too; users import them from here
+__all__ += [
+    "AcceleratorState",
+    "AutocastKwargs",
+    "CustomDtype",
+    "DistributedType",
+    "clear_device_cache",
+    "is_mps_available",
+    "is_peft_available",
+    "is_torch_version",
+    "load_offloaded_weight",
+    "offload_weight",
+    "save_offload_index",
+    "tqdm",
 ]

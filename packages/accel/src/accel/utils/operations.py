@@ -1,9 +1,13 @@
 """Familiar path `accelerate.utils.operations`: re-exports from the packages that own the code."""
 
+from accel._accelerator import (
+    AcceleratorState,
+)
 from accel._compat._constants import TORCH_DISTRIBUTED_OPERATION_TYPES
 from accel._compat._left_out import GatheredParameters
 from accel._compat._operations import (
     CannotPadNestedTensorWarning,
+    TensorInformation,
     convert_to_fp32,
     copy_tensor_to_devices,
     find_device,
@@ -15,8 +19,13 @@ from accel._compat._operations import (
     pad_input_tensors,
     slice_tensors,
 )
+from accel._compat._versions import (
+    is_torch_version,
+)
 from accel_precision import convert_outputs_to_fp32
 from accel_state import (
+    DistributedType,
+    PartialState,
     broadcast,
     broadcast_object_list,
     concatenate,
@@ -60,4 +69,13 @@ __all__ = [
     "reduce",
     "send_to_device",
     "slice_tensors",
+]
+
+# accelerate's module binds these too; users import them from here
+__all__ += [
+    "AcceleratorState",
+    "DistributedType",
+    "PartialState",
+    "TensorInformation",
+    "is_torch_version",
 ]

@@ -1,6 +1,17 @@
 """Familiar path `accelerate.utils.other`: re-exports from the packages that own the code."""
 
-from accel._compat._left_out import compile_regions_deepspeed, compile_regions_fsdp2
+from accel._compat._imports import (
+    is_deepspeed_available,
+    is_weights_only_available,
+)
+from accel._compat._left_out import (
+    compile_regions_deepspeed,
+    compile_regions_fsdp2,
+    convert_model,
+)
+from accel._compat._misc import (
+    write_basic_config,
+)
 from accel._compat._other import (
     check_os_kernel,
     clean_state_dict_for_safetensors,
@@ -19,7 +30,20 @@ from accel._compat._other import (
     recursive_getattr,
     save,
 )
-from accel_state import wait_for_everyone
+from accel._compat._versions import (
+    is_torch_version,
+)
+from accel._logging import (
+    get_logger,
+)
+from accel_bigmodel import (
+    id_tensor_storage,
+)
+from accel_state import (
+    DistributedType,
+    PartialState,
+    wait_for_everyone,
+)
 
 __all__ = [
     "check_os_kernel",
@@ -41,4 +65,17 @@ __all__ = [
     "recursive_getattr",
     "save",
     "wait_for_everyone",
+]
+
+# accelerate's module binds these too; users import them from here
+__all__ += [
+    "DistributedType",
+    "PartialState",
+    "convert_model",
+    "get_logger",
+    "id_tensor_storage",
+    "is_deepspeed_available",
+    "is_torch_version",
+    "is_weights_only_available",
+    "write_basic_config",
 ]

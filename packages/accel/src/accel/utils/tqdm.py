@@ -1,5 +1,13 @@
 """Familiar path `accelerate.utils.tqdm`: re-exports from the packages that own the code."""
 
 from accel._compat._extras import tqdm
+from accel_state import (
+    PartialState,
+)
 
 __all__ = ["tqdm"]
+
+# accelerate's module binds these too; users import them from here
+__all__ += [
+    "PartialState",
+]

@@ -1,9 +1,28 @@
 """Familiar path `accelerate.commands.config.config_args`: re-exports from the packages that own the code."""
 
+from accel._compat._extras import (
+    ComputeEnvironment,
+)
+from accel._compat._left_out import (
+    SageMakerDistributedType,
+)
 from accel_cli._config import load_config_from_file
 from accel_cli._environment import default_config_path
+from accel_state import (
+    DistributedType,
+)
 
 default_config_file = str(default_config_path())  # where `accel config` writes, as of import
+
+
 default_yaml_config_file = default_config_file
 
+
 __all__ = ["default_config_file", "default_yaml_config_file", "load_config_from_file"]
+
+
+__all__ += [
+    "ComputeEnvironment",
+    "DistributedType",
+    "SageMakerDistributedType",
+]

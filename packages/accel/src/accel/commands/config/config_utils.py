@@ -1,3 +1,24 @@
 """Familiar path `accelerate.commands.config.config_utils`: re-exports from the packages that own the code."""
 
+from accel._compat._extras import (
+    ComputeEnvironment,
+    DynamoBackend,
+)
+from accel._compat._left_out import (
+    SageMakerDistributedType,
+)
+from accel_state import (
+    DistributedType,
+    PrecisionType,
+)
+
 __all__ = []
+
+# accelerate's module binds these too; users import them from here
+__all__ += [
+    "ComputeEnvironment",
+    "DistributedType",
+    "DynamoBackend",
+    "PrecisionType",
+    "SageMakerDistributedType",
+]
