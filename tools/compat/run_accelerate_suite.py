@@ -155,7 +155,6 @@ _FAILED = re.compile(r"^(FAILED|ERROR) (\S+)", re.M)
 def run_file(work: Path, name: str, side: str, extra: list[str]) -> FileResult:
     env = dict(os.environ, PYTHONPATH=str(work), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     env.pop("ACCEL_AS_ACCELERATE", None)
-    env.setdefault("ACCELERATE_USE_CPU", "")  # left as the user has it
     cmd = [sys.executable, "-m", "pytest", f"tests/{name}", "-q", "-rfE", "-p", "no:randomly"]
     cmd += ["--rootdir", str(work), "-c", str(work / "pytest.ini"), *extra]
     start = time.perf_counter()
