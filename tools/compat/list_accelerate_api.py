@@ -79,7 +79,9 @@ def collect() -> dict[str, object]:
             modules[name] = _defined_here(module)
         modules[name] = sorted(set(modules[name]) | _importable(module))
     modules["accelerate"] = sorted(set(modules["accelerate"]) | _importable(accelerate))
-    modules["accelerate.utils"] = sorted(set(modules["accelerate.utils"]) | _importable(accelerate.utils))
+    modules["accelerate.utils"] = sorted(
+        set(modules["accelerate.utils"]) | _importable(accelerate.utils)
+    )
     return {"accelerate_version": accelerate.__version__, "modules": modules}
 
 
@@ -88,9 +90,9 @@ def _importable(module: types.ModuleType) -> set[str]:
     names = set()
     for k, v in _public(module).items():
         owner = getattr(v, "__module__", None) or ""
-        if isinstance(v, (type, types.FunctionType)) and owner.startswith("accelerate"):
-            names.add(k)
-        elif k.isupper() and k != "TYPE_CHECKING" and isinstance(v, CONSTANT_TYPES):
+        if (isinstance(v, (type, types.FunctionType)) and owner.startswith("accelerate")) or (
+            k.isupper() and k != "TYPE_CHECKING" and isinstance(v, CONSTANT_TYPES)
+        ):
             names.add(k)
     return names
 
