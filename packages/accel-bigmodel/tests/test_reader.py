@@ -244,7 +244,7 @@ def test_disk_spill_with_a_dtype_change_writes_converted_tensors(kit, reference,
         reader=CheckpointReader(backend="accel", buffer_size="1MiB", threads=2, map_cached=False),
     )  # fmt: skip
     entry = load_offload_index(offload)["body.layers.1.mlp.2.weight"]
-    assert entry["dtype"] == "float16" and entry["file"].endswith(".dat")
+    assert entry["dtype"] == "float16" and "file" not in entry  # <name>.dat, as accelerate
     half = kit.make_reference().half()
     with torch.no_grad():
         torch.testing.assert_close(model(ids), half.float()(ids).half(), rtol=2e-2, atol=2e-2)
@@ -326,6 +326,6 @@ def test_cuda_target_streams_through_pinned_staging(tmp_path, dtype):
         want = state[name].to(cuda).to(tensor.dtype).cpu()  # NaN bits follow the GPU's cast
         assert torch.equal(_bits(tensor.cpu()), _bits(want)), name
     model = empty_mixed()
-    with pytest.warns(UserWarning, match=r"unexpected keys \['big'\]"):
-        load_checkpoint_in_model(model, path, device_map={"": 0}, dtype=dtype)
+    result = load_checkpoint_in_model(model, path, device_map={"": 0}, dtype=dtype)
+    assert result.unexpected_keys == ["big"]
     assert model.f32.device == cuda and model.i64.dtype == torch.int64

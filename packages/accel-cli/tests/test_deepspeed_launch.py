@@ -40,7 +40,7 @@ def test_flags_reach_the_workers(script, capsys):
     launched = json.loads(env["ACCEL_LAUNCH_CONFIG"])
     assert launched["distributed_type"] == "DEEPSPEED"
     assert launched["deepspeed_config"] == {
-        "zero_stage": 3, "zero3_init_flag": "true", "zero3_save_16bit_model": "true",
+        "zero_stage": 3, "zero3_init_flag": True, "zero3_save_16bit_model": True,
         "gradient_clipping": 0.5, "offload_optimizer_device": "cpu",
     }  # fmt: skip
 

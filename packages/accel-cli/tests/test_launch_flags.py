@@ -200,7 +200,7 @@ def test_fsdp_flags_and_file_reach_the_workers(tmp_path, capsys):
     launched = json.loads(env["ACCEL_LAUNCH_CONFIG"])
     assert launched["distributed_type"] == "FSDP"
     assert launched["fsdp_config"] == {
-        "fsdp_reshard_after_forward": "false", "fsdp_auto_wrap_policy": "NO_WRAP"
+        "fsdp_reshard_after_forward": False, "fsdp_auto_wrap_policy": "NO_WRAP"
     }  # fmt: skip
     cfg = tmp_path / "fsdp.yaml"
     cfg.write_text(

@@ -260,7 +260,10 @@ def test_child_environment():
     assert json.loads(env["ACCEL_LAUNCH_CONFIG"]) == cfg.to_worker_dict()
     assert env["CUDA_VISIBLE_DEVICES"] == "1,3"
     assert env["OMP_NUM_THREADS"] == "4"  # the cores split between the CPU workers
-    assert set(env) == {"PATH", "ACCEL_LAUNCH_CONFIG", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"}
+    assert set(env) == {
+        "PATH", "ACCEL_LAUNCH_CONFIG", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
+        "KMP_AFFINITY", "KMP_BLOCKTIME",  # Intel OpenMP's placement for CPU runs, as accelerate
+    }  # fmt: skip
     assert base == {"PATH": "/bin"}
     gpu = resolve_launch_config({"num_processes": 2}).config
     assert build_env(gpu, base)["OMP_NUM_THREADS"] == "1"

@@ -5,12 +5,15 @@ inputs, CPU and disk offload (memory-mapped, prefetched on CUDA), and streaming 
 loading. Needs only torch, safetensors and psutil. Importing it does nothing else.
 """
 
+from accel_bigmodel._auto_map import (
+    get_balanced_memory,
+    infer_auto_device_map,
+    resolve_device_map,
+)
 from accel_bigmodel._checkpoint import LoadResult, checkpoint_files, load_checkpoint_in_model
 from accel_bigmodel._device_map import (
     check_device_map,
     clean_device_map,
-    infer_auto_device_map,
-    resolve_device_map,
 )
 from accel_bigmodel._dispatch import (
     CpuOffload,
@@ -22,6 +25,7 @@ from accel_bigmodel._dispatch import (
     load_checkpoint_and_dispatch,
 )
 from accel_bigmodel._hook_utils import (
+    SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING,
     LayerwiseCastingHook,
     attach_execution_device_hook,
     attach_layerwise_casting_hooks,
@@ -40,6 +44,7 @@ from accel_bigmodel._hooks import (
 )
 from accel_bigmodel._modeling import (
     find_tied_parameters,
+    get_non_persistent_buffers,
     init_empty_weights,
     init_on_device,
     retie_parameters,
@@ -53,12 +58,19 @@ from accel_bigmodel._offload import (
     offload_weight,
     save_offload_index,
 )
+from accel_bigmodel._planning import (
+    fallback_allocate,
+    get_module_leaves,
+    get_module_size_with_ties,
+)
 from accel_bigmodel._reader import CheckpointReader
 from accel_bigmodel._sizes import (
+    calculate_maximum_sizes,
+    check_device_same,
     compute_module_sizes,
+    compute_module_total_buffer_size,
     convert_file_size_to_int,
     dtype_byte_size,
-    get_balanced_memory,
     get_max_layer_size,
     get_max_memory,
     named_module_tensors,
@@ -67,6 +79,7 @@ from accel_bigmodel._tensors import (
     align_module_device,
     check_tied_parameters_on_same_device,
     extract_submodules_state_dict,
+    get_state_dict_from_offload,
     get_state_dict_offloaded_model,
     has_offloaded_params,
     id_tensor_storage,
@@ -77,6 +90,7 @@ from accel_bigmodel._tensors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING",
     "AlignDevicesHook",
     "CheckpointReader",
     "CpuOffload",
@@ -93,11 +107,14 @@ __all__ = [
     "attach_align_device_hook_on_blocks",
     "attach_execution_device_hook",
     "attach_layerwise_casting_hooks",
+    "calculate_maximum_sizes",
     "check_device_map",
+    "check_device_same",
     "check_tied_parameters_on_same_device",
     "checkpoint_files",
     "clean_device_map",
     "compute_module_sizes",
+    "compute_module_total_buffer_size",
     "convert_file_size_to_int",
     "cpu_offload",
     "cpu_offload_with_hook",
@@ -105,11 +122,16 @@ __all__ = [
     "dispatch_model",
     "dtype_byte_size",
     "extract_submodules_state_dict",
+    "fallback_allocate",
     "find_device",
     "find_tied_parameters",
     "get_balanced_memory",
     "get_max_layer_size",
     "get_max_memory",
+    "get_module_leaves",
+    "get_module_size_with_ties",
+    "get_non_persistent_buffers",
+    "get_state_dict_from_offload",
     "get_state_dict_offloaded_model",
     "has_offloaded_params",
     "id_tensor_storage",

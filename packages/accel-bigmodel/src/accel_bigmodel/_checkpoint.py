@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
-import warnings
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -37,6 +37,7 @@ from accel_bigmodel._sources import (
 INDEX_NAMES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 SINGLE_NAMES = ("model.safetensors", "pytorch_model.bin")
 _EXTENSIONS = (".safetensors", ".bin", ".pt", ".pth")
+logger = logging.getLogger(__name__)
 
 
 class LoadResult(NamedTuple):
@@ -47,13 +48,17 @@ class LoadResult(NamedTuple):
 
 
 def _shards_from_index(index_path: str) -> list[str]:
+    """The shard files an index names: ``{"weight_map": {name: file}}`` or ``{name: file}``."""
     try:
         with open(index_path) as f:
-            weight_map = json.load(f)["weight_map"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+            index = json.load(f)
+        weight_map = index.get("weight_map", index)
+        if not all(isinstance(v, str) for v in weight_map.values()):
+            raise ValueError("its values are not all file names")
+    except (OSError, ValueError, AttributeError) as e:
         raise ValueError(
             f"Cannot read the checkpoint index {index_path}: {e!r}. It must be JSON with a "
-            f'"weight_map" of tensor name -> shard file.'
+            f'"weight_map" of tensor name -> shard file (or be that mapping itself).'
         ) from None
     folder = os.path.dirname(index_path)
     shards = sorted({os.path.join(folder, f) for f in weight_map.values()})
@@ -91,17 +96,28 @@ def checkpoint_files(checkpoint: str | os.PathLike) -> list[str]:
 
 
 def _finish(
-    model: nn.Module, missing: list[str], unexpected: list[str], strict: bool
+    model: nn.Module, checkpoint: str, missing: list[str], unexpected: list[str], strict: bool
 ) -> LoadResult:
-    if missing or unexpected:
-        message = (
-            f"Checkpoint and {type(model).__name__} do not match: "
-            f"missing keys {missing[:50]}{' ...' if len(missing) > 50 else ''}, "
-            f"unexpected keys {unexpected[:50]}{' ...' if len(unexpected) > 50 else ''}."
+    def listed(keys: list[str]) -> str:
+        return f"{keys[:50]}{' ...' if len(keys) > 50 else ''}"
+
+    name = type(model).__name__
+    if strict and (missing or unexpected):
+        raise ValueError(
+            f"Checkpoint {checkpoint} and {name} do not match: missing keys {listed(missing)}, "
+            f"unexpected keys {listed(unexpected)}. Pass strict=False to load what matches."
         )
-        if strict:
-            raise ValueError(message + " Pass strict=False to load what matches.")
-        warnings.warn(message, stacklevel=3)
+    if unexpected:
+        logger.warning(
+            f"Some weights of the model checkpoint at {checkpoint} were not used when "
+            f"initializing {name}: {listed(unexpected)}. Check that the checkpoint was saved "
+            f"from this model definition."
+        )
+    if missing:
+        logger.warning(
+            f"Some weights of {name} were not in the checkpoint at {checkpoint} and keep their "
+            f"current values: {listed(missing)}."
+        )
     return LoadResult(missing, unexpected)
 
 
@@ -166,7 +182,7 @@ def load_checkpoint_in_model(
         save_offload_index(placer.index, offload_folder)
     if reader.backend != "mmap":
         warm_page_cache(_within_free_memory(placer.warm_ranges()))
-    return _finish(model, placer.missing(), placer.unexpected, strict)
+    return _finish(model, os.fspath(checkpoint), placer.missing(), placer.unexpected, strict)
 
 
 def _check_reader_serves(reader: CheckpointReader, others: list[str]) -> None:

@@ -9,8 +9,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from accel_bigmodel._auto_map import resolve_device_map
 from accel_bigmodel._checkpoint import load_checkpoint_in_model
-from accel_bigmodel._device_map import check_device_map, resolve_device_map
+from accel_bigmodel._device_map import check_device_map
 from accel_bigmodel._hooks import (
     AlignDevicesHook,
     ModelHook,
@@ -81,6 +82,8 @@ def dispatch_model(
     """
     device_map = {k: normalize_device(v) for k, v in device_map.items()}
     check_device_map(model, device_map)
+    named = {n for n, _ in model.named_modules()} | set(model.state_dict(keep_vars=True))
+    device_map = {k: v for k, v in device_map.items() if k in named}  # unknown keys: warned
     for device in set(device_map.values()):
         check_device_exists(device)
     devices = set(device_map.values())
@@ -283,7 +286,7 @@ def load_checkpoint_and_dispatch(
     model: nn.Module,
     checkpoint: str | os.PathLike,
     device_map: str | Mapping[str, Device] | Device | None = None,
-    max_memory: Mapping[Device, int | str] | None = None,
+    max_memory: Mapping[Device, int | float | str] | None = None,
     no_split_module_classes: list[str] | None = None,
     offload_folder: str | os.PathLike | None = None,
     offload_buffers: bool = False,

@@ -3,6 +3,7 @@ and layerwise casting (weights stored in a small dtype, upcast for each forward)
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -57,8 +58,11 @@ def _attach_execution(module: nn.Module, device: Any, name: str, skip_keys: Any,
         _attach_execution(child, device, full, skip_keys, preload, tied)
 
 
-_CAST_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d,
-                nn.ConvTranspose2d, nn.ConvTranspose3d, nn.Embedding)  # fmt: skip
+SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING: tuple[type[nn.Module], ...] = (
+    nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
+    nn.ConvTranspose3d, nn.Linear,
+)  # fmt: skip
+"""The layers whose weights `attach_layerwise_casting_hooks` stores in a small dtype."""
 
 
 class LayerwiseCastingHook(ModelHook):
@@ -91,23 +95,31 @@ def attach_layerwise_casting_hooks(
     skip_modules_classes: tuple[type[nn.Module], ...] | None = None,
     non_blocking: bool = False,
 ) -> None:
-    """Store the weights of every linear, convolution and embedding layer of `module` in
-    `storage_dtype` (e.g. torch.float8_e4m3fn) and upcast them to `compute_dtype` for each
-    forward. Layers whose name matches a pattern (regex) in `skip_modules_pattern` or whose
-    class is in `skip_modules_classes` are left as they are."""
-    import re
+    """Store the weights of every linear and convolution layer of `module` in `storage_dtype`
+    (e.g. torch.float8_e4m3fn) and upcast them to `compute_dtype` for each forward.
 
+    A module whose name matches a pattern (regex) in `skip_modules_pattern`, or whose class is
+    in `skip_modules_classes`, is left as it is with everything inside it. When `module` itself
+    is a supported layer, it gets the hook.
+    """
     patterns = (
-        [skip_modules_pattern]
+        (skip_modules_pattern,)
         if isinstance(skip_modules_pattern, str)
-        else list(skip_modules_pattern or ())
+        else tuple(skip_modules_pattern or ())
     )
-    skip_classes = tuple(skip_modules_classes or ())
-    for name, sub in module.named_modules():
-        if not isinstance(sub, _CAST_LAYERS) or (skip_classes and isinstance(sub, skip_classes)):
-            continue
-        if any(re.search(p, name) for p in patterns):
-            continue
-        add_hook_to_module(
-            sub, LayerwiseCastingHook(storage_dtype, compute_dtype, non_blocking), append=True
-        )
+    hook_args = (storage_dtype, compute_dtype, non_blocking)
+    _attach_casting(module, "", patterns, tuple(skip_modules_classes or ()), hook_args)
+
+
+def _attach_casting(module: nn.Module, name: str, patterns: tuple[str, ...],
+                    skip_classes: tuple[type[nn.Module], ...], hook_args: tuple) -> None:  # fmt: skip
+    if (skip_classes and isinstance(module, skip_classes)) or any(
+        re.search(p, name) for p in patterns
+    ):
+        return
+    if isinstance(module, SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING):
+        add_hook_to_module(module, LayerwiseCastingHook(*hook_args), append=True)
+        return
+    for child_name, child in module.named_children():
+        full = f"{name}.{child_name}" if name else child_name
+        _attach_casting(child, full, patterns, skip_classes, hook_args)

@@ -3,10 +3,41 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
+
+ENV_INIT_INCLUDE_BUFFERS = ("ACCEL_INIT_INCLUDE_BUFFERS", "ACCELERATE_INIT_INCLUDE_BUFFERS")
+"""Variables giving `include_buffers` its default when it is None ("1", "true", "yes", "on")."""
+
+
+def _include_buffers_from_env() -> bool:
+    values = [os.environ.get(name) for name in ENV_INIT_INCLUDE_BUFFERS]
+    value = next((v for v in values if v is not None), "")
+    return value.strip().lower() in ("1", "true", "t", "yes", "y", "on")
+
+
+def _moved_parameter(
+    param: nn.Parameter, device: torch.device, data: torch.Tensor | None = None
+) -> nn.Parameter:
+    """`param` (or `data` in its place) on `device`, of the same class, with its attributes
+    and requires_grad."""
+    extras = dict(param.__dict__)
+    hf_initialized = extras.pop("_is_hf_initialized", None)
+    data = (param if data is None else data).to(device)
+    grad = param.requires_grad and (data.is_floating_point() or data.is_complex())
+    if type(param) is nn.Parameter:
+        moved = nn.Parameter(data, requires_grad=grad)
+        moved.__dict__.update(extras)
+    else:  # subclasses (quantized weights) take their attributes as constructor arguments
+        extras["requires_grad"] = grad
+        moved = type(param)(data, **extras)
+    if hf_initialized is not None:
+        moved._is_hf_initialized = hf_initialized
+    return moved
 
 
 @contextlib.contextmanager
@@ -17,41 +48,39 @@ def init_on_device(
 
     Modules built inside the block are registered as usual; each parameter is moved to
     `device` as it is registered, so nothing of the model's size is allocated elsewhere.
+    With `include_buffers` every tensor made inside the block is made on `device` (torch's
+    device context). None reads ACCEL_INIT_INCLUDE_BUFFERS / ACCELERATE_INIT_INCLUDE_BUFFERS.
     """
     device = torch.device(f"cuda:{device}" if isinstance(device, int) else device)
+    if include_buffers is None:
+        include_buffers = _include_buffers_from_env()
+    if include_buffers:
+        with device:
+            yield
+        return
     old_parameter = nn.Module.register_parameter
-    old_buffer = nn.Module.register_buffer
 
     def register_parameter(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
         old_parameter(module, name, param)
         current = module._parameters[name]
         if current is not None and current.device != device:  # a tie to a moved one stays
-            kwargs = dict(current.__dict__) if type(current) is not nn.Parameter else {}
-            kwargs["requires_grad"] = current.requires_grad
-            module._parameters[name] = type(current)(current.to(device), **kwargs)
-
-    def register_buffer(
-        module: nn.Module, name: str, tensor: torch.Tensor | None, persistent: bool = True
-    ) -> None:
-        old_buffer(module, name, tensor, persistent=persistent)
-        if tensor is not None and tensor.device != device:
-            module._buffers[name] = module._buffers[name].to(device)
+            module._parameters[name] = _moved_parameter(current, device)
 
     nn.Module.register_parameter = register_parameter
-    if include_buffers:
-        nn.Module.register_buffer = register_buffer
     try:
         yield
     finally:
         nn.Module.register_parameter = old_parameter
-        nn.Module.register_buffer = old_buffer
 
 
-def init_empty_weights(include_buffers: bool = False) -> contextlib.AbstractContextManager[None]:
+def init_empty_weights(
+    include_buffers: bool | None = None,
+) -> contextlib.AbstractContextManager[None]:
     """Build a model without allocating its weights: parameters land on the meta device.
 
     Buffers stay real (they are usually small and computed in ``__init__``, e.g. rotary
-    tables) unless `include_buffers`. Load weights afterwards with `load_checkpoint_in_model`.
+    tables) unless `include_buffers` (None: read from ACCEL_INIT_INCLUDE_BUFFERS or
+    ACCELERATE_INIT_INCLUDE_BUFFERS). Load weights afterwards with `load_checkpoint_in_model`.
     """
     return init_on_device(torch.device("meta"), include_buffers=include_buffers)
 
@@ -69,55 +98,114 @@ def get_module(model: nn.Module, name: str) -> nn.Module:
     return module
 
 
+def _keeps_dtype(tensor: torch.Tensor) -> bool:
+    """Integer and bool tensors (indices, masks, quantized data) are never cast to a `dtype`."""
+    return not (tensor.is_floating_point() or tensor.is_complex())
+
+
 def set_module_tensor_to_device(
     module: nn.Module,
     tensor_name: str,
     device: torch.device | str | int,
-    value: torch.Tensor | None = None,
+    value: Any = None,
     dtype: torch.dtype | str | None = None,
     fp16_statistics: torch.Tensor | None = None,
     tied_params_map: dict | None = None,
+    non_blocking: bool = False,
+    clear_cache: bool = True,
 ) -> None:
     """Put the tensor `tensor_name` (e.g. "layers.0.fc.weight") of `module` on `device`.
 
-    With `value`, that tensor replaces the current one (cast to `dtype`, or to the current
-    dtype for floating values); a parameter stays a parameter with its requires_grad.
-    `fp16_statistics` and `tied_params_map` are accepted for signature compatibility.
+    With `value` (a tensor or anything `torch.tensor` takes), that replaces the current tensor,
+    whose shape it must have; it is cast to `dtype`, or without one to the current tensor's
+    dtype (as `load_state_dict` does). Integer and bool values are never cast to `dtype`. A
+    parameter stays a parameter of its class, with its requires_grad and attributes.
+    `tied_params_map` ({data_ptr: {device: tensor}}, keys made by the caller for tied weights):
+    a tensor already placed on `device` for the same data is reused, not copied again, and a
+    new placement is recorded. `clear_cache` frees the CUDA cache when a CUDA tensor is
+    replaced. `fp16_statistics` (bitsandbytes 8-bit serialization) is refused.
     """
-    del fp16_statistics, tied_params_map
+    if fp16_statistics is not None:
+        raise NotImplementedError(
+            "fp16_statistics belongs to bitsandbytes 8-bit weights, which accel does not load; "
+            "pass fp16_statistics=None (load the model unquantized, or quantize it with torchao)."
+        )
     owner_name, _, name = tensor_name.rpartition(".")
     owner = get_module(module, owner_name)
     if name not in owner._parameters and name not in owner._buffers:
         raise ValueError(f"{type(owner).__name__} ({owner_name!r}) has no tensor named {name!r}.")
     is_param = name in owner._parameters
     old = owner._parameters[name] if is_param else owner._buffers[name]
-    if isinstance(device, int):
-        device = torch.device("cuda", device)
+    tie = _tie_key(tied_params_map, value, old)
+    if tie is not None and device in tied_params_map[tie]:
+        (owner._parameters if is_param else owner._buffers)[name] = tied_params_map[tie][device]
+        return
+    _place(owner, name, is_param, old, tensor_name, device, value, dtype, non_blocking)
+    placed = owner._parameters[name] if is_param else owner._buffers[name]
+    if tie is not None:
+        tied_params_map[tie][device] = placed
+    if clear_cache and old is not None and old.device.type == "cuda" and placed is not old:
+        torch.cuda.empty_cache()
+
+
+def _tie_key(tied_params_map: dict | None, value: Any, old: torch.Tensor | None) -> int | None:
+    if not tied_params_map:
+        return None
+    for tensor in (value, old):
+        live = isinstance(tensor, torch.Tensor) and tensor.device.type != "meta"
+        if live and tensor.data_ptr() in tied_params_map:
+            return tensor.data_ptr()
+    return None
+
+
+def _place(
+    owner: nn.Module,
+    name: str,
+    is_param: bool,
+    old: torch.Tensor | None,
+    tensor_name: str,
+    device: torch.device | str | int,
+    value: Any,
+    dtype: torch.dtype | str | None,
+    non_blocking: bool,
+) -> None:
+    device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype.replace("torch.", ""))
     if value is None:
         if old is None:
             return
-        if old.device.type == "meta" and torch.device(device).type != "meta":
+        if old.device.type == "meta" and device.type != "meta":
             raise ValueError(
                 f"{tensor_name!r} is on the meta device (no data); pass value= to load it "
                 f"onto {device}."
             )
-        value = old
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype.replace("torch.", ""))
-    if dtype is not None and value.is_floating_point():
-        value = value.to(dtype)
-    elif (
-        dtype is None and old is not None and old.is_floating_point() and value.is_floating_point()
-    ):
-        value = value.to(old.dtype)
-    value = value.to(device)
-    if is_param:
-        if not isinstance(value, nn.Parameter):
-            grad = (old.requires_grad if old is not None else True) and value.is_floating_point()
-            value = nn.Parameter(value, requires_grad=grad)
-        owner._parameters[name] = value
+        value = old.to(device, non_blocking=non_blocking)
+        if dtype is not None and device.type == "meta" and not _keeps_dtype(old):
+            value = value.to(dtype)
+        if value is old or (is_param and value.device == old.device and dtype is None):
+            return
     else:
+        if not isinstance(value, torch.Tensor):
+            value = torch.tensor(value)
+        if old is not None and old.shape != value.shape and type(old).__name__ != "Params4bit":
+            raise ValueError(
+                f'Trying to set a tensor of shape {value.shape} in "{name}" (which has shape '
+                f"{old.shape}), this looks incorrect."
+            )
+        if dtype is None and old is not None:
+            value = value.to(old.dtype, non_blocking=non_blocking)
+        elif dtype is not None and not _keeps_dtype(value):
+            value = value.to(dtype, non_blocking=non_blocking)
+        value = value.to(device, non_blocking=non_blocking)
+    if not is_param:
         owner._buffers[name] = value
+        return
+    if isinstance(old, nn.Parameter) and not isinstance(value, nn.Parameter):
+        value = _moved_parameter(old, value.device, value.detach())
+    elif not isinstance(value, nn.Parameter):
+        value = nn.Parameter(value.detach(), requires_grad=value.is_floating_point())
+    owner._parameters[name] = value
 
 
 def find_tied_parameters(model: nn.Module) -> list[list[str]]:
@@ -147,3 +235,19 @@ def _get_tensor(model: nn.Module, name: str) -> torch.Tensor:
     if attr in owner._parameters:
         return owner._parameters[attr]
     return owner._buffers[attr]
+
+
+def get_non_persistent_buffers(
+    module: nn.Module, recurse: bool = False, fqns: bool = False
+) -> set[str]:
+    """Names of the buffers of `module` that its state dict leaves out (a new set).
+
+    With `recurse`, the submodules' too: by their own short names, or by full names
+    ("block.0.cache") with `fqns`.
+    """
+    found = set(module._non_persistent_buffers_set)
+    if recurse:
+        for prefix, sub in module.named_modules():
+            join = fqns and prefix
+            found |= {f"{prefix}.{b}" if join else b for b in sub._non_persistent_buffers_set}
+    return found

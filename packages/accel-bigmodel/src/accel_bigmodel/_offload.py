@@ -1,7 +1,8 @@
 """Weights kept on disk: an offload folder with an index, read back through memory maps.
 
-The folder holds ``index.json`` = ``{name: {"dtype", "shape", "file", "offset"}}`` and one raw
-``.dat`` file per tensor. An entry may instead point into a safetensors checkpoint (its file and
+The folder holds ``index.json`` = ``{name: {"dtype", "shape"}}`` and one raw ``.dat`` file per
+tensor, ``<name>.dat`` (accelerate's layout); a tied tensor's entry adds "file" and "offset"
+to point at the first copy instead of writing it again. An entry may instead point into a safetensors checkpoint (its file and
 byte offset), so a checkpoint that is already on disk is used in place and never copied.
 Reading maps each file once (copy-on-write, lazily paged) and returns views: no read happens
 until the bytes are touched, and the kernel can drop them again under memory pressure.
@@ -63,12 +64,8 @@ def offload_weight(
         nbytes = weight.numel() * weight.element_size()
         if nbytes:
             f.write((ctypes.c_ubyte * nbytes).from_address(weight.data_ptr()))
-    index[weight_name] = {
-        "dtype": dtype_name(weight.dtype),
-        "shape": list(weight.shape),
-        "file": file_name,
-        "offset": 0,
-    }
+    # accelerate's entry: the file is implicitly "<weight_name>.dat", read from its start
+    index[weight_name] = {"dtype": dtype_name(weight.dtype), "shape": list(weight.shape)}
     return index
 
 
@@ -103,8 +100,8 @@ def offload_state_dict(save_dir: str | os.PathLike, state_dict: Mapping[str, tor
     seen: dict[tuple, str] = {}
     for name, tensor in state_dict.items():
         key = (tensor.device, tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
-        if tensor.numel() and key in seen:
-            index[name] = dict(index[seen[key]])
+        if tensor.numel() and key in seen:  # a tied tensor: point at the first one's file
+            index[name] = {**index[seen[key]], "file": f"{seen[key]}.dat", "offset": 0}
             continue
         seen[key] = name
         offload_weight(tensor, name, save_dir, index)

@@ -25,37 +25,64 @@ _UNITS = {
     "GIB": 2**30,
     "TIB": 2**40,
 }
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?(?:[eE][+-]?\d+)?)\s*([A-Za-z]*)\s*$")
 
 Device = int | str
 """A device as device maps spell it: a GPU index, "cpu", "disk", "mps", or "cuda:1"."""
 
 
-def convert_file_size_to_int(size: int | str) -> int:
-    """Turn ``1_000_000``, ``"600MB"`` or ``"1GiB"`` into bytes (MB = 10**6, MiB = 2**20)."""
-    if isinstance(size, bool):
-        raise ValueError(f"Memory size {size!r} is a bool; give bytes or a string like '600MB'.")
-    if isinstance(size, int):
-        if size < 0:
-            raise ValueError(f"Memory size {size} is negative; give a byte count >= 0.")
-        return size
-    if isinstance(size, str):
-        match = _SIZE_RE.match(size)
-        if match and match.group(2).upper() in _UNITS:
-            return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+def convert_file_size_to_int(size: int | float | str) -> int:
+    """Turn ``1_000_000``, ``2.5e9``, ``"600MB"`` or ``"1GiB"`` into bytes.
+
+    MB = 10**6 bytes, MiB = 2**20. As in accelerate (and transformers), a decimal unit written
+    with a lowercase final "b" ("5Gb", "100mb") counts bits, so it is an eighth of the bytes.
+    Floats (transformers hands over byte counts as floats) are rounded down.
+    """
+    if isinstance(size, bool) or not isinstance(size, (int, float, str)):
+        raise ValueError(
+            f"Memory size {size!r} is a {type(size).__name__}; give bytes (int or float) or a "
+            f"string like '600MB'."
+        )
+    if isinstance(size, (int, float)):
+        if not size >= 0 or size == float("inf"):
+            raise ValueError(f"Memory size {size} is not a byte count >= 0; give e.g. 10**9.")
+        return int(size)
+    match = _SIZE_RE.match(size)
+    unit = match.group(2) if match else ""
+    if match and unit.upper() in _UNITS:
+        value = int(float(match.group(1)) * _UNITS[unit.upper()])
+        bits = len(unit) == 2 and unit.endswith("b")  # "Gb", "mb": bits, as accelerate reads them
+        return value // 8 if bits else value
     raise ValueError(
-        f"Cannot parse the memory size {size!r}. Give an int of bytes or a string such as "
-        f"'600MB', '1.5GB' or '1GiB' (units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)."
+        f"Cannot parse the memory size {size!r}. Give a number of bytes (int or float) or a "
+        f"string such as '600MB', '1.5GB' or '1GiB' (units: B, KB, MB, GB, TB, KiB, MiB, GiB, "
+        f"TiB)."
     )
 
 
-def dtype_byte_size(dtype: torch.dtype) -> int:
-    """Bytes per element of `dtype`."""
+_CUSTOM_BYTES = {"int2": 0.25, "int4": 0.5, "fp8": 1}
+"""Bytes per element of the quantized dtypes torch has no name for (`CustomDtype` values)."""
+
+
+def dtype_byte_size(dtype: torch.dtype | str) -> int | float:
+    """Bytes per element of `dtype`, as accelerate counts them.
+
+    torch.bool counts 1/8 (a bit), and the quantized `CustomDtype` values ("int4", "int2",
+    "fp8") their packed size. Module sizes here count bool tensors at their real byte each.
+    """
+    if isinstance(dtype, str) and dtype in _CUSTOM_BYTES:
+        return _CUSTOM_BYTES[dtype]
+    dtype = _as_dtype(dtype)
+    if dtype == torch.bool:
+        return 1 / 8
     return torch.empty((), dtype=dtype, device="meta").element_size()
 
 
 def _tensor_size(
-    tensor: torch.Tensor, name: str, dtype: torch.dtype | None, special: Mapping[str, torch.dtype]
+    tensor: torch.Tensor,
+    name: str,
+    dtype: torch.dtype | str | None,
+    special: Mapping[str, torch.dtype | str],
 ) -> int:
     if name in special:
         return int(tensor.numel() * dtype_byte_size(special[name]))
@@ -65,12 +92,25 @@ def _tensor_size(
 
 
 def named_module_tensors(
-    module: nn.Module, include_buffers: bool = True, recurse: bool = False
+    module: nn.Module,
+    include_buffers: bool = True,
+    recurse: bool = False,
+    remove_non_persistent: bool = False,
 ) -> Iterable[tuple[str, torch.Tensor]]:
-    """The parameters (and buffers) of `module`, each shared tensor once."""
+    """The parameters (and buffers) of `module`, each shared tensor once.
+
+    With `remove_non_persistent`, buffers left out of the state dict are left out here too.
+    """
     yield from module.named_parameters(recurse=recurse)
     if include_buffers:
-        yield from module.named_buffers(recurse=recurse)
+        skip = _non_persistent(module, recurse) if remove_non_persistent else set()
+        yield from ((n, b) for n, b in module.named_buffers(recurse=recurse) if n not in skip)
+
+
+def _non_persistent(module: nn.Module, recurse: bool) -> set[str]:
+    """Full names of the non-persistent buffers of `module` (and of its submodules)."""
+    subs = module.named_modules() if recurse else [("", module)]
+    return {f"{p}.{b}" if p else b for p, m in subs for b in m._non_persistent_buffers_set}
 
 
 def compute_module_sizes(
@@ -98,9 +138,22 @@ def compute_module_sizes(
     return sizes
 
 
-def _as_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+def compute_module_total_buffer_size(
+    model: nn.Module,
+    dtype: torch.dtype | str | None = None,
+    special_dtypes: Mapping[str, torch.dtype | str] | None = None,
+) -> int:
+    """Bytes of all the buffers of `model` (counted as `dtype` when given, like the sizes)."""
+    sizes = compute_module_sizes(model, dtype, special_dtypes, buffers_only=True)
+    return sizes.get("", 0)
+
+
+def _as_dtype(dtype: torch.dtype | str | None) -> torch.dtype | str | None:
+    """`dtype` as a torch.dtype; a quantized `CustomDtype` value stays a string."""
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
+    if dtype in _CUSTOM_BYTES:
+        return str(getattr(dtype, "value", dtype))
     name = dtype.replace("torch.", "")
     value = getattr(torch, name, None)
     if not isinstance(value, torch.dtype):
@@ -132,6 +185,22 @@ def get_max_layer_size(
         else:
             todo = [(f"{name}.{n}" if name else n, m) for n, m in children] + todo
     return max_size, names
+
+
+def calculate_maximum_sizes(model: nn.Module) -> tuple[int, tuple[int, list[str]]]:
+    """(total bytes of `model`, (bytes of its largest unsplittable block, their names)).
+
+    The model's own `_no_split_modules` (transformers models declare them) are blocks; the
+    top level's own parameters and buffers count as blocks of their own.
+    """
+    sizes = compute_module_sizes(model)
+    top = [
+        *model.named_parameters(recurse=False),
+        *model.named_children(),
+        *model.named_buffers(recurse=False),
+    ]
+    no_split = getattr(model, "_no_split_modules", None) or []
+    return sizes[""], get_max_layer_size(top, sizes, no_split)
 
 
 def _device_sort_key(device: Device) -> tuple[int, str]:
@@ -172,6 +241,15 @@ def normalize_device(device: Device | torch.device) -> Device:
     return device
 
 
+def check_device_same(first_device: torch.device, second_device: torch.device) -> bool:
+    """True when two torch devices are one: "cuda" and "cuda:0" are (index None means 0)."""
+    if first_device.type != second_device.type:
+        return False
+    if first_device.type == "cpu":
+        return first_device == second_device
+    return (first_device.index or 0) == (second_device.index or 0)
+
+
 def check_device_exists(device: Device) -> None:
     """Raise a ValueError naming `device` if this machine does not have it."""
     if device in ("cpu", "disk", "meta"):
@@ -191,11 +269,13 @@ def check_device_exists(device: Device) -> None:
         raise ValueError(f"Device {device!r} does not exist on this machine; use 'cpu' or 'disk'.")
 
 
-def get_max_memory(max_memory: Mapping[Device, int | str] | None = None) -> dict[Device, int]:
+def get_max_memory(
+    max_memory: Mapping[Device, int | float | str] | None = None,
+) -> dict[Device, int]:
     """Bytes available per device, GPUs first, then "cpu", then "disk".
 
     Without `max_memory`, measures the free memory of every CUDA device and the available RAM.
-    With it, parses strings ("600MB", "1GiB"), normalizes device names and checks each exists.
+    With it, parses strings ("600MB", "1GiB") and floats, normalizes device names and checks each exists.
     """
     if max_memory is None:
         import psutil
@@ -219,39 +299,7 @@ def get_max_memory(max_memory: Mapping[Device, int | str] | None = None) -> dict
     return dict(sorted(result.items(), key=lambda kv: _device_sort_key(kv[0])))
 
 
-def parse_max_memory(max_memory: Mapping[Device, int | str]) -> dict[Device, int]:
+def parse_max_memory(max_memory: Mapping[Device, int | float | str]) -> dict[Device, int]:
     """Like `get_max_memory` for planning only: parses and sorts, checks no device exists."""
     result = {normalize_device(k): convert_file_size_to_int(v) for k, v in max_memory.items()}
     return dict(sorted(result.items(), key=lambda kv: _device_sort_key(kv[0])))
-
-
-def get_balanced_memory(
-    model: nn.Module,
-    max_memory: Mapping[Device, int | str] | None = None,
-    no_split_module_classes: Iterable[str] | None = None,
-    dtype: torch.dtype | str | None = None,
-    special_dtypes: Mapping[str, torch.dtype | str] | None = None,
-    low_zero: bool = False,
-) -> dict[Device, int]:
-    """A `max_memory` that spreads `model` evenly over the GPUs instead of filling the first.
-
-    Each GPU gets about an equal share plus room for the largest unsplittable block. With
-    `low_zero`, GPU 0 gets only what does not fit on the others (it keeps room for generation).
-    """
-    budget = get_max_memory(None) if max_memory is None else parse_max_memory(max_memory)
-    gpus = [d for d in budget if d not in ("cpu", "disk") and budget[d] > 0]
-    if len(gpus) <= 1:
-        return budget
-    sizes = compute_module_sizes(model, dtype=dtype, special_dtypes=special_dtypes)
-    layer, _ = get_max_layer_size(
-        list(model.named_children()), sizes, no_split_module_classes or ()
-    )
-    shared = gpus[1:] if low_zero else gpus
-    per_gpu = -(-sizes[""] // len(shared)) + layer
-    balanced = dict(budget)
-    for device in shared[:-1]:
-        balanced[device] = min(budget[device], per_gpu)
-    if low_zero:
-        rest = max(0, sizes[""] - sum(balanced[d] for d in shared))
-        balanced[gpus[0]] = min(budget[gpus[0]], rest + layer if rest else 0)
-    return balanced

@@ -8,6 +8,7 @@ format of this package.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import warnings
 from collections.abc import Iterator, Mapping
@@ -19,7 +20,8 @@ from torch import nn
 from accel_bigmodel._hooks import AlignDevicesHook, SequentialHook
 from accel_bigmodel._modeling import set_module_tensor_to_device
 from accel_bigmodel._offload import _dtype_from_name
-from accel_bigmodel._sizes import named_module_tensors
+
+logger = logging.getLogger(__name__)
 
 
 def _align_hook(module: nn.Module) -> AlignDevicesHook | None:
@@ -39,7 +41,11 @@ def align_module_device(
     module: nn.Module, execution_device: torch.device | str | int | None = None
 ) -> Iterator[None]:
     """Inside the block, `module`'s tensors are real and on its execution device (or on
-    `execution_device` when given); afterwards they go back where they were."""
+    `execution_device` when given); afterwards they go back where they were.
+
+    A module that is not offloaded has only its own parameters moved, and only when
+    `execution_device` is given.
+    """
     hook = _align_hook(module)
     if hook is not None and hook.offload:
         original = hook.execution_device
@@ -55,7 +61,7 @@ def align_module_device(
     if execution_device is None:
         yield
         return
-    where = {name: t.device for name, t in named_module_tensors(module, recurse=True)}
+    where = {name: t.device for name, t in module.named_parameters(recurse=False)}
     try:
         for name in where:
             set_module_tensor_to_device(module, name, execution_device)
@@ -66,7 +72,11 @@ def align_module_device(
 
 
 def get_state_dict_offloaded_model(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The full state dict of a dispatched model, offloaded weights read back, all on CPU."""
+    """The full state dict of a dispatched model, offloaded weights read back, all on CPU.
+
+    Tensors still on the meta device with no offloaded copy (placeholders) are left out,
+    with a warning naming them.
+    """
     state = dict(model.state_dict())
     for prefix, module in model.named_modules():
         hook = _align_hook(module)
@@ -76,10 +86,37 @@ def get_state_dict_offloaded_model(model: nn.Module) -> dict[str, torch.Tensor]:
             full = f"{prefix}.{key}" if prefix else key
             if state[full].device.type == "meta" and key in hook.weights_map:
                 state[full] = hook.weights_map[key]
-    missing = [k for k, v in state.items() if v.device.type == "meta"]
-    if missing:
-        raise ValueError(f"these tensors are on the meta device with no offloaded copy: {missing}")
-    return {k: v.to("cpu") for k, v in state.items()}
+    placeholders = sorted(k for k, v in state.items() if v.device.type == "meta")
+    if placeholders:
+        logger.warning(
+            "These tensors are left out of the state dict: they are on the meta device with "
+            f"no offloaded copy: {placeholders}"
+        )
+    return {k: v.to("cpu") for k, v in state.items() if v.device.type != "meta"}
+
+
+def get_state_dict_from_offload(
+    module: nn.Module,
+    module_name: str,
+    state_dict: dict[str, Any],
+    device_to_put_offload: torch.device | str | int = "cpu",
+) -> dict[str, Any]:
+    """Fill the entries of `state_dict` that belong to `module` with its real tensors.
+
+    `module_name` names one of its tensors ("layers.0.fc.weight"); every key of `state_dict`
+    under the same parent is set. An offloaded module's weights are read back onto
+    `device_to_put_offload`; a module that is not offloaded gives its tensors where they are.
+    """
+    root = module_name.rpartition(".")[0]
+    device = device_to_put_offload if has_offloaded_params(module) else None
+    if isinstance(device, int):
+        device = torch.device("cuda", device)
+    with align_module_device(module, device):
+        for key, value in module.state_dict().items():
+            full = f"{root}.{key}" if root else key
+            if full in state_dict:
+                state_dict[full] = value
+    return state_dict
 
 
 def load_offloaded_weight(

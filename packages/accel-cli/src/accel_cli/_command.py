@@ -26,6 +26,8 @@ from accel_cli._environment import (
     ENV_AS_ACCELERATE,
     ENV_CUDA_VISIBLE_DEVICES,
     ENV_DEBUG_MODE,
+    ENV_KMP_AFFINITY,
+    ENV_KMP_BLOCKTIME,
     ENV_MASTER_ADDR,
     ENV_MASTER_PORT,
     ENV_OMP_NUM_THREADS,
@@ -199,6 +201,9 @@ def build_env(
         env[ENV_MASTER_PORT] = str(config.main_process_port)
     if config.gpu_id_list is not None:
         env[ENV_CUDA_VISIBLE_DEVICES] = config.gpu_ids
+    if config.cpu:  # Intel OpenMP's thread placement, as accelerate sets it for CPU runs
+        env.setdefault(ENV_KMP_AFFINITY, "granularity=fine,compact,1,0")
+        env.setdefault(ENV_KMP_BLOCKTIME, "1")
     threads = config.num_cpu_threads_per_process
     if threads is None and ENV_OMP_NUM_THREADS not in env and config.nproc_per_node > 1:
         threads = max(1, (cpu_cores or 1) // config.nproc_per_node) if config.cpu else 1

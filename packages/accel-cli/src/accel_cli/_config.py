@@ -39,6 +39,14 @@ class ConfigFile:
     data: dict[str, Any] = dataclasses.field(default_factory=dict)  # the file's mapping as read
 
 
+class ConfigFileNotFound(ConfigError, FileNotFoundError):
+    """A config file that was named and does not exist."""
+
+
+class ConfigFileExists(ConfigError, FileExistsError):
+    """A file that would be replaced without --overwrite / --force."""
+
+
 def closest_key_error(key: str, known: Iterable[str], where: str) -> ConfigError:
     """An error for an unknown key that suggests the closest known one."""
     known = sorted(known)
@@ -55,7 +63,7 @@ def find_config_file(
     if explicit is not None:
         path = Path(explicit).expanduser()
         if not path.is_file():
-            raise ConfigError(
+            raise ConfigFileNotFound(
                 f"--config_file {str(explicit)!r} does not exist. Create it with "
                 f"`accel config default --config_file {explicit}` or pass another path."
             )
@@ -264,40 +272,3 @@ def write_config_file(
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
-
-
-class LoadedConfig:
-    """A config file's values as `load_config_from_file` returns them: attributes named by
-    the file's keys, and `to_dict()` (what tools such as `transformers env` print)."""
-
-    def __init__(self, data: Mapping[str, Any], path: Path) -> None:
-        self._data, self.path = dict(data), path
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self._data)
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self.__dict__["_data"][name]
-        except KeyError:
-            raise AttributeError(f"the config file {self.path} has no key {name!r}") from None
-
-    def __repr__(self) -> str:
-        return f"LoadedConfig({self.path}, {self._data!r})"
-
-
-def load_config_from_file(config_file: str | os.PathLike[str] | None = None) -> LoadedConfig:
-    """The config file `config_file` (default: the default file), validated."""
-    if config_file is not None and not Path(config_file).expanduser().is_file():
-        raise FileNotFoundError(
-            f"The configuration file {str(config_file)!r} does not exist. Pass an existing "
-            f"file, or create the default one with `accel config`."
-        )
-    found = find_config_file(config_file)
-    if found is None:
-        raise FileNotFoundError(
-            f"There is no default configuration file ({default_config_path()}). Create it "
-            f"with `accel config` or `accel config default`."
-        )
-    path, origin = found
-    return LoadedConfig(load_config_file(path, origin).data, path)

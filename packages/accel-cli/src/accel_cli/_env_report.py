@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import platform
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib import metadata
+from pathlib import Path
+from typing import Any
 
 from accel_cli._environment import (
     ENV_ACCEL_CONFIG,
@@ -109,3 +111,46 @@ def environment_report(environ: Mapping[str, str]) -> str:
     set_vars = [f"- {name}={environ[name]}" for name in _ENV_VARS if name in environ]
     lines += set_vars or ["- no launcher or accel variables set"]
     return "\n".join(lines)
+
+
+def env_info(
+    environ: Mapping[str, str],
+    config_file: str | None = None,
+    which: Callable[[str], str | None] | None = None,
+) -> dict[str, Any]:
+    """The facts of `accel env` as a dict with the keys accelerate's `env` returns, and
+    its lines printed; `which` finds the `accel` executable (default: shutil.which)."""
+    import shutil
+
+    import psutil
+    import torch
+
+    from accel_cli import __version__
+
+    info: dict[str, Any] = {
+        "`accel` version": __version__,
+        "Platform": platform.platform(),
+        "`accel` bash location": (which or shutil.which)("accel") or "Not found",
+        "Python version": platform.python_version(),
+        "PyTorch version": torch.__version__,
+        "PyTorch accelerator": "CUDA" if torch.cuda.is_available() else "N/A",
+        "System RAM": f"{psutil.virtual_memory().total / 1024**3:.2f} GB",
+    }
+    try:
+        import numpy
+
+        info["Numpy version"] = numpy.__version__
+    except ImportError:
+        pass
+    if torch.cuda.is_available():
+        info["GPU type"] = torch.cuda.get_device_name()
+    path = Path(config_file) if config_file else default_config_path(environ)
+    if path.is_file():
+        from accel_cli._config_args import load_config_from_file
+
+        info["`accel` configs"] = load_config_from_file(str(path)).to_dict()
+    else:
+        info["`accel` configs"] = "Not found"
+    print("\nCopy-and-paste the text below in your GitHub issue\n")
+    print("\n".join(f"- {key}: {value}" for key, value in info.items()))
+    return info

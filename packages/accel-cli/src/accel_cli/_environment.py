@@ -1,6 +1,7 @@
 """The environment variables accel-cli reads or writes, named once.
 
-The launcher reads only `ACCEL_CONFIG_FILE`, `XDG_CONFIG_HOME` and `OMP_NUM_THREADS`, and
+The launcher reads only `ACCEL_CONFIG_FILE`, `XDG_CONFIG_HOME`, `OMP_NUM_THREADS` and
+`ACCEL_USE_CPU` / `ACCELERATE_USE_CPU`, and
 writes only what torchrun needs plus the variables below, so a worker sees one resolved
 configuration instead of dozens of variables.
 """
@@ -29,6 +30,11 @@ ENV_DEBUG_MODE = "ACCEL_DEBUG_MODE"
 # start by accel's start-up hook). Must equal accel._as_accelerate.ENV_AS_ACCELERATE (a test
 # holds the two together).
 ENV_AS_ACCELERATE = "ACCEL_AS_ACCELERATE"
+# Written for CPU runs (unless already set): Intel OpenMP's thread placement.
+ENV_KMP_AFFINITY = "KMP_AFFINITY"
+ENV_KMP_BLOCKTIME = "KMP_BLOCKTIME"
+# Read: run on the CPU even with --multi_gpu or GPUs visible (accel's and accelerate's names).
+ENV_USE_CPU = ("ACCEL_USE_CPU", "ACCELERATE_USE_CPU")
 # The rendezvous of workers started by mpirun (accel-state reads them).
 ENV_MASTER_ADDR = "MASTER_ADDR"
 ENV_MASTER_PORT = "MASTER_PORT"

@@ -6,6 +6,7 @@ write atomically, so a file that cannot be converted is left as it was.
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 from collections.abc import Mapping
@@ -15,6 +16,7 @@ from typing import Any
 from accel_cli._config import (
     ConfigError,
     ConfigFile,
+    ConfigFileExists,
     config_from_data,
     default_file_values,
     write_config_file,
@@ -103,6 +105,53 @@ def convert_to_fsdp2(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]
     return out, notes
 
 
+class ConversionStatus(enum.Enum):
+    """What happens to an FSDP1 key that FSDP2 does not carry over."""
+
+    NOT_YET_IMPLEMENTED = 0
+    REMOVED = -1
+
+
+# accelerate's table of the conversion: FSDP1 key -> FSDP2 key or why it is dropped.
+ARGUMENT_KEY_MAPPING: dict[str, Any] = {
+    key: target if target is not None
+    else ConversionStatus.NOT_YET_IMPLEMENTED if key == "fsdp_forward_prefetch"
+    else ConversionStatus.REMOVED
+    for key, target in FSDP2_KEYS.items()
+}  # fmt: skip
+ARGUMENT_VALUE_MAPPING = {
+    "fsdp_sharding_strategy": dict(RESHARD_AFTER_FORWARD),
+    "fsdp_reshard_after_forward": dict(RESHARD_AFTER_FORWARD),
+}
+
+
+def convert_config_to_fsdp2(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` (a config file's mapping) with its fsdp_config converted to FSDP2, updated in
+    place and returned; a config already on FSDP2 or without FSDP is returned as it is."""
+    import logging
+
+    logger = logging.getLogger("accel.commands.to_fsdp2")
+    fsdp = config.get("fsdp_config") or {}
+    if fsdp and fsdp.get("fsdp_version", 1) == 2:
+        logger.warning("Config already specifies FSDP2, skipping conversion...")
+        return config
+    converted, notes = convert_to_fsdp2(config)
+    for note in notes:
+        logger.warning(note)
+    config.update(converted)
+    return config
+
+
+def load_config(config_file: str | os.PathLike[str]) -> dict[str, Any]:
+    """The mapping in a YAML config file; an empty file is a ValueError."""
+    from accel_cli._config import read_config_data
+
+    data = read_config_data(config_file)
+    if not data:
+        raise ConfigError(f"Config file {str(config_file)!r} is empty: nothing to convert.")
+    return data
+
+
 def update_config(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """The file's content in today's keys, and one line per change."""
     out = dict(data)
@@ -170,7 +219,7 @@ def output_path(config_file: str, output_file: str | None, overwrite: bool) -> P
         return Path(config_file).expanduser()
     out = Path(output_file).expanduser()
     if out.exists() and not overwrite:
-        raise ConfigError(f"{output_file!r} already exists; pass --overwrite to replace it.")
+        raise ConfigFileExists(f"{output_file!r} already exists; pass --overwrite to replace it.")
     if not os.path.isdir(out.parent or "."):
         raise ConfigError(f"The folder of --output_file {output_file!r} does not exist.")
     return out

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from accel_cli._config import ConfigError
+from accel_cli._config import ConfigError, ConfigFileNotFound
 
 _SAFETENSORS_BYTES = {
     "F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
@@ -396,12 +396,14 @@ def _from_hub_cache(name: str, environ: Mapping[str, str]) -> ModelShape:
         f"pass that folder."
     )
     if importlib.util.find_spec("huggingface_hub") is None:
-        raise ConfigError(offline)
+        raise ConfigFileNotFound(offline)
     from huggingface_hub import hf_hub_download
 
     try:
         found = Path(hf_hub_download(repo_id=name, filename="config.json"))
     except Exception as err:  # no network, unknown repo, gated repo: all end here
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"{offline} (The Hub was tried and failed: {reason[:200]})") from None
+        raise ConfigFileNotFound(  # an OSError, as a Hub name that cannot be read is
+            f"{offline} (The Hub was tried and failed: {reason[:200]})"
+        ) from None
     return from_config(read_json(found), f"{name} (config.json from the Hub cache)")

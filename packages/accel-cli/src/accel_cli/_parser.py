@@ -10,6 +10,7 @@ import argparse
 import difflib
 
 from accel_cli import _flags, _schema
+from accel_cli._argparse import CustomHelpFormatter
 
 # Launch flags that map to a LaunchConfig field: (flag name, type, help).
 _LAUNCH_FLAGS: tuple[tuple[str, type, str], ...] = (
@@ -41,12 +42,20 @@ def _add_flag(parser: argparse.ArgumentParser, name: str, **kwargs: object) -> N
     parser.add_argument(*spellings, dest=name, default=None, **kwargs)
 
 
+_LAUNCH_HELP = "Run a training script on one or many processes and machines."
+
+
 def _add_launch(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "launch",
+    p = sub.add_parser("launch", help=_LAUNCH_HELP, **_launch_parser_kwargs())
+    add_launch_arguments(p)
+
+
+def _launch_parser_kwargs() -> dict[str, object]:
+    return dict(
         allow_abbrev=False,
-        help="Run a training script on one or many processes and machines.",
+        formatter_class=CustomHelpFormatter,
         description=(
+            "Flags take either spelling (--num_processes=2 or --num-processes=2). "
             "Run SCRIPT (or -m MODULE) with its arguments. More than one process in all goes "
             "through torchrun; one process runs the script directly. The configuration is "
             "resolved once (flags > config file > defaults) and handed to every worker in "
@@ -54,6 +63,10 @@ def _add_launch(sub: argparse._SubParsersAction) -> None:
             "refused before anything starts with the reason (see the refused groups below)."
         ),
     )
+
+
+def add_launch_arguments(p: argparse.ArgumentParser) -> None:
+    """Add every `accel launch` flag and the SCRIPT positional to `p`."""
     _add_flag(
         p, "config_file", metavar="PATH", help="Config file to read instead of the default one."
     )
@@ -105,8 +118,12 @@ def _add_launch(sub: argparse._SubParsersAction) -> None:
         help="Print the command and the configuration, run nothing.",
     )
     _flags.add_flags(p)
-    p.add_argument("script", metavar="SCRIPT", help="The training script (or module with -m).")
-    p.add_argument("script_args", nargs=argparse.REMAINDER, help="Arguments for the script.")
+    p.add_argument(
+        "training_script", metavar="SCRIPT", help="The training script (or module with -m)."
+    )
+    p.add_argument(
+        "training_script_args", nargs=argparse.REMAINDER, help="Arguments for the script."
+    )
 
 
 def _add_config(sub: argparse._SubParsersAction) -> None:
@@ -251,6 +268,13 @@ def _add_merge_weights(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--remove_checkpoint_dir", action="store_true", help="Delete CHECKPOINT_DIR afterwards."
     )
+
+
+def launch_parser(cls: type[argparse.ArgumentParser] = argparse.ArgumentParser):
+    """A standalone parser of the `accel launch` arguments (an instance of `cls`)."""
+    p = cls(prog="accel launch", **_launch_parser_kwargs())
+    add_launch_arguments(p)
+    return p
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -143,7 +143,7 @@ def with_flag_sections(config: LaunchConfig, given: Mapping[str, Any]) -> Launch
     sections_out = ("dynamo_config", "fp8_config", "fsdp_config", "deepspeed_config")
     for section in (*sections_out, "parallelism_config"):
         if sections.get(section):
-            handed[section] = sections[section]
+            handed[section] = typed_section(section, sections[section])
     return dataclasses.replace(config, handed_down=handed)
 
 
@@ -160,3 +160,47 @@ def check_launch(config: LaunchConfig, given: Mapping[str, Any], file: ConfigFil
     if problems:
         lines = "\n  - ".join(dict.fromkeys(problems))
         raise ConfigError(f"accel launch does not provide what this run asks for:\n  - {lines}")
+
+
+# Section keys whose values the workers receive as int, float or bool (accelerate's plugins
+# read them so); flags arrive as strings and files may quote them.
+_INTS = {
+    "fsdp_version", "fsdp_min_num_params", "zero_stage", "gradient_accumulation_steps",
+    "margin", "interval", "amax_history_length",
+    *(k for k in SECTION_KEYS if k.startswith("parallelism_config_") and k.endswith("_size")),
+}  # fmt: skip
+_FLOATS = {"gradient_clipping"}
+_BOOLS = {
+    "fsdp_offload_params", "fsdp_forward_prefetch", "fsdp_use_orig_params",
+    "fsdp_cpu_ram_efficient_loading", "fsdp_sync_module_states",
+    "fsdp_activation_checkpointing", "fsdp_activation_checkpointing_offload",
+    "zero3_init_flag", "zero3_save_16bit_model", "dynamo_use_fullgraph", "dynamo_use_dynamic",
+    "dynamo_use_regional_compilation", "use_autocast_during_eval",
+    "enable_fsdp_float8_all_gather", "pad_inner_dim",
+}  # fmt: skip
+
+
+def _typed(section: str, key: str, value: Any) -> Any:
+    from accel_cli._flags import str_to_bool
+
+    if not isinstance(value, str):
+        return value
+    try:
+        if key in _INTS:
+            return int(value)
+        if key in _FLOATS:
+            return float(value)
+        if key in _BOOLS:
+            return str_to_bool(value)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"{section}.{key}: {value!r} is not a valid value ({err}).") from None
+    if key == "fsdp_reshard_after_forward" and value.strip().lower() in ("true", "false"):
+        return str_to_bool(value)  # FSDP1 strategy names stay strings
+    return value
+
+
+def typed_section(section: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    """`values` with each key's string converted to the type accelerate's plugins give it
+    (`--fsdp_version 2` reaches the worker as the int 2, `--fsdp_offload_params true` as
+    True)."""
+    return {key: _typed(section, key, value) for key, value in values.items()}

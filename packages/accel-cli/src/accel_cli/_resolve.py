@@ -310,9 +310,10 @@ def coerce(name: str, value: Any, where: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, str)):
             raise ConfigError(f"{where}={value!r}: expected an integer.")
         try:
-            return int(value)
+            number = int(value)
         except ValueError:
             raise ConfigError(f"{where}={value!r}: expected an integer.") from None
+        return None if name == "main_process_port" and number == 0 else number  # 0: pick one
     if name == "monitor_interval":
         try:
             return float(value)

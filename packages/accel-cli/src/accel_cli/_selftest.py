@@ -107,3 +107,40 @@ def _verdict(part: str, reports: dict[int, dict[str, Any] | None]) -> tuple[str,
     if statuses == {"skip"}:
         return "skip", first["detail"]
     return "pass", first["detail"]
+
+
+def path_in_accelerate_package(*components: str) -> Path:
+    """A path inside the installed `accel` package (found without importing it)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("accel")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("The `accel` package is not installed: pip install accel.")
+    return Path(next(iter(spec.submodule_search_locations))).joinpath(*components)
+
+
+def execute_subprocess_async(
+    cmd: list[str],
+    env: dict[str, str] | None = None,
+    stdin: Any = None,
+    timeout: float = 180,
+    quiet: bool = False,
+    echo: bool = True,
+) -> subprocess.CompletedProcess:
+    """Run `cmd`, echoing its output unless `quiet`; a non-zero exit raises RuntimeError
+    with the output."""
+    if echo:
+        print("\nRunning:", " ".join(str(c) for c in cmd))
+    result = subprocess.run(
+        [str(c) for c in cmd], env=env, input=stdin, capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+    if not quiet:
+        print(result.stdout, end="")
+        print(result.stderr, end="")
+    if result.returncode:
+        raise RuntimeError(
+            f"{' '.join(str(c) for c in cmd)!r} failed with exit code {result.returncode}.\n"
+            f"stderr:\n{result.stderr}"
+        )
+    return result

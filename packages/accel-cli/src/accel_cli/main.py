@@ -13,7 +13,7 @@ import json
 import os
 import shlex
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from accel_cli import _schema
@@ -27,6 +27,7 @@ from accel_cli._command import (
 from accel_cli._config import (
     ConfigError,
     ConfigFile,
+    ConfigFileNotFound,
     config_from_data,
     default_file_values,
     find_config_file,
@@ -41,6 +42,7 @@ from accel_cli._environment import (
     ENV_OMP_NUM_THREADS,
     default_config_path,
 )
+from accel_cli._familiar import env_wants_cpu, given_view
 from accel_cli._flags import given_flags
 from accel_cli._parser import _LAUNCH_FLAGS, build_parser, suggest_flag
 from accel_cli._refusals import check_launch, with_flag_sections
@@ -97,12 +99,16 @@ def _slurm(flags: Mapping[str, object]) -> dict[str, object]:
 def launch_command(args: argparse.Namespace) -> int:
     """`accel launch`: resolve the configuration, refuse what accel does not provide, then
     run the script, torchrun or mpirun."""
+    args = given_view(args)
     given = {**given_flags(args), "module": args.module}
     flags = {
         name: getattr(args, name)
         for name in (*_LAUNCH_FIELDS, "multi_gpu", *_FIELD_FLAGS)
         if getattr(args, name) is not None
     }
+    if "cpu" not in flags and env_wants_cpu(os.environ):
+        flags["cpu"] = True  # --multi_gpu then means several CPU processes, as in accelerate
+        flags.pop("multi_gpu", None)
     file = _load(args.config_file, os.environ)
     if flags.get("multi_gpu"):
         flags.update(_multi_gpu_processes(flags, file))
@@ -110,9 +116,13 @@ def launch_command(args: argparse.Namespace) -> int:
     check_launch(resolution.config, given, file)
     _report(file, resolution, args.quiet)
     config = with_rendezvous(with_flag_sections(resolution.config, given))
-    if not args.module and not config.no_python and not Path(args.script).is_file():
-        raise ConfigError(f"The script {args.script!r} does not exist (pass -m to run a module).")
-    cmd = build_command(config, args.script, args.script_args, module=bool(args.module))
+    if not args.module and not config.no_python and not Path(args.training_script).is_file():
+        raise ConfigError(
+            f"The script {args.training_script!r} does not exist (pass -m to run a module)."
+        )
+    cmd = build_command(
+        config, args.training_script, args.training_script_args, module=bool(args.module)
+    )
     cores = physical_cores() if config.cpu and config.nproc_per_node > 1 else None
     env = build_env(config, os.environ, cpu_cores=cores)
     if args.dry_run:
@@ -201,18 +211,24 @@ def config_update_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def to_fsdp2_command(args: argparse.Namespace) -> int:
-    """`accel to-fsdp2`: convert the FSDP1 settings of a config file to FSDP2."""
-    from accel_cli._migrate import convert_to_fsdp2, output_path, rewrite
+def to_fsdp2_command(args: argparse.Namespace, load_config: Callable | None = None) -> int:
+    """`accel to-fsdp2`: convert the FSDP1 settings of a config file to FSDP2 (`load_config`
+    reads the file's mapping; default `_migrate.load_config`)."""
+    from accel_cli import _migrate
 
     source = Path(args.config_file).expanduser()
-    if not source.is_file():
-        raise ConfigError(f"--config_file {args.config_file!r} does not exist.")
-    target = output_path(args.config_file, args.output_file, args.overwrite)
-    data = read_config_data(source)
-    if not data:
-        raise ConfigError(f"{str(source)!r} is empty: nothing to convert.")
-    values, notes = convert_to_fsdp2(data)
+    if not source.exists():
+        raise ConfigFileNotFound(f"--config_file {args.config_file!r} does not exist.")
+    target = _migrate.output_path(args.config_file, args.output_file, args.overwrite)
+    data = (load_config or _migrate.load_config)(str(source))
+    if (data.get("fsdp_config") or {}).get("fsdp_version", 1) == 2:
+        import logging
+
+        logging.getLogger("accel.commands.to_fsdp2").warning(
+            "Config already specifies FSDP2, skipping conversion..."
+        )
+    values, notes = _migrate.convert_to_fsdp2(data)
+    rewrite = _migrate.rewrite
     rewrite(source, values, target)
     for note in notes:
         _say(note)
@@ -366,6 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args, extras = parser.parse_known_args(argv)
+        args.nondefault = {k for k, v in vars(args).items() if v is not None}
         if extras:
             parser.error(
                 f"unrecognized arguments: {' '.join(extras)}.{suggest_flag(parser, extras[0])}"

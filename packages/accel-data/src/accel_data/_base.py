@@ -13,7 +13,9 @@ from collections.abc import Iterator
 from typing import Any, Protocol
 
 import torch
+from torch.utils.data import IterableDataset
 
+from accel_data._adapters import DataLoaderAdapter, DataLoaderStateMixin, is_stateful_loader
 from accel_data._samplers import SeedableRandomSampler, _ResumeBatchSampler
 
 _STATE_VERSION = 1
@@ -31,19 +33,96 @@ def _no_state() -> None:
     return None
 
 
-class _PreparedLoader:
-    """Base of the prepared loaders. Subclasses provide `_batches(skip)` and `__len__`."""
+def _epoch_targets(*objects: Any) -> list[Any]:
+    """Every distinct object that wants to hear the epoch: the given ones, and the samplers
+    inside a batch sampler among them."""
+    found: list[Any] = []
+    for obj in objects:
+        inner = getattr(obj, "batch_sampler", None)
+        for candidate in (getattr(inner, "sampler", None), inner, getattr(obj, "sampler", None)):
+            if candidate is not None and candidate is not obj:
+                found.extend(_epoch_targets(candidate))
+        if obj is not None and hasattr(obj, "set_epoch"):
+            found.append(obj)
+    targets: list[Any] = []
+    for obj in found:
+        if all(obj is not t for t in targets):
+            targets.append(obj)
+    return targets
+
+
+def _remainder(dataset: Any, total: int | None, drop_last: bool) -> int:
+    """Real samples in the final global batch of a dataset of known length (-1 unknown)."""
+    if drop_last:
+        return 0
+    try:
+        return len(dataset) % total if total else -1
+    except TypeError:
+        return -1
+
+
+class _PreparedLoader(DataLoaderAdapter, DataLoaderStateMixin):
+    """Base of DataLoaderShard and DataLoaderDispatcher. Subclasses provide `_batches(skip)`.
+
+    Built like a DataLoader (the dataset and DataLoader keyword arguments make
+    `base_dataloader`); prepare_data_loader then calls `_configure` with what it knows
+    about the processes, the user's dataset and the samplers it made.
+    """
 
     def __init__(
         self,
-        base_dataloader: Any,
+        dataset: Any,
+        *,
+        device: torch.device | str | None = None,
+        skip_batches: int = 0,
+        use_stateful_dataloader: bool = False,
+        _drop_last: bool = False,
+        _non_blocking: bool = False,
+        torch_device_mesh: Any = None,
+        iteration: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(dataset, use_stateful_dataloader=use_stateful_dataloader, **kwargs)
+        base = self.base_dataloader
+        self._dataset = dataset
+        self.num_processes = 1
+        self.process_index = 0
+        self.device = torch.device(device) if device is not None else None
+        self._place = self.device is not None
+        self.non_blocking = self._non_blocking = bool(_non_blocking)
+        self._drop_last = bool(_drop_last)
+        self.skip_batches = int(skip_batches)
+        self.torch_device_mesh = torch_device_mesh
+        self.iteration_observer: IterationObserver | None = None
+        self._prepared = False
+        self._seedable: SeedableRandomSampler | None = None
+        self._resume: _ResumeBatchSampler | None = None
+        batch_sampler = None if isinstance(dataset, IterableDataset) else base.batch_sampler
+        self._epoch_targets = _epoch_targets(batch_sampler, dataset)
+        size = getattr(batch_sampler, "batch_size", base.batch_size)
+        self._total_batch_size: int | None = size
+        self._static_remainder = _remainder(dataset, size, _drop_last or base.drop_last)
+        self._observed_remainder: int | None = None
+        self.end_of_dataloader = False
+        self._epoch = int(iteration)
+        self._yielded = 0
+        self._pending_skip = 0
+        self._restored_at: int | None = None
+        self._gen_state: torch.Tensor | None = None
+        self._pending_gen_state: torch.Tensor | None = None
+        self._base_state: dict[str, Any] | None = None
+        self._on_init()
+
+    def _on_init(self) -> None:
+        """Called once the loader is built: a hook for subclasses (e.g. to set an observer)."""
+
+    def _configure(
+        self,
         *,
         dataset: Any,
         num_processes: int,
         process_index: int,
-        device: torch.device | str | None,
         put_on_device: bool,
-        non_blocking: bool,
         iteration_observer: IterationObserver | None,
         seedable_sampler: SeedableRandomSampler | None,
         resume_sampler: _ResumeBatchSampler | None,
@@ -51,39 +130,42 @@ class _PreparedLoader:
         total_batch_size: int | None,
         static_remainder: int,
     ) -> None:
-        self.base_dataloader = base_dataloader
+        """What prepare_data_loader knows: the processes, the user's dataset, its samplers."""
         self._dataset = dataset
         self.num_processes = num_processes
         self.process_index = process_index
-        self.device = torch.device(device) if device is not None else None
         self._place = put_on_device and self.device is not None
-        self.non_blocking = non_blocking
         self.iteration_observer = iteration_observer
         self._seedable = seedable_sampler
         self._resume = resume_sampler
         self._epoch_targets = epoch_targets
         self._total_batch_size = total_batch_size
         self._static_remainder = static_remainder
-        self._observed_remainder: int | None = None
+        self._prepared = True
+
+    def begin(self) -> None:
+        """An iteration starts: tell the observer (the trainer's gradient state)."""
         self.end_of_dataloader = False
-        self._epoch = 0
-        self._yielded = 0
-        self._pending_skip = 0
-        self._restored_at: int | None = None
-        self._gen_state: torch.Tensor | None = None
-        self._pending_gen_state: torch.Tensor | None = None
-        self._base_state: dict[str, Any] | None = None
+        self._observed_remainder = None
+        if self.iteration_observer is not None:
+            self.iteration_observer.begin(self)
+
+    def end(self) -> None:
+        """The iteration stopped (finished, or left early): tell the observer."""
+        if self.iteration_observer is not None:
+            self.iteration_observer.end(self)
+
+    def reset(self) -> None:
+        self.end_of_dataloader = False
+        self._observed_remainder = None
 
     # -- iteration ---------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
-        skip, self._pending_skip, self._restored_at = self._pending_skip, 0, None
+        skip = self._pending_skip or self.skip_batches
+        self._pending_skip, self._restored_at = 0, None
         self._apply_epoch()
-        self.end_of_dataloader = False
-        self._observed_remainder = None
         self._yielded = skip
-        observer = self.iteration_observer
-        if observer is not None:
-            observer.begin(self)
+        self.begin()
         # torchdata's state, taken per batch only over a StatefulDataLoader
         snapshot = self.base_dataloader.state_dict if self._is_stateful else _no_state
         try:
@@ -102,12 +184,13 @@ class _PreparedLoader:
             self._observed_remainder = self._final_remainder()
             self.end_of_dataloader = True
             self._yielded += 1
+            if current_state is not None:
+                current_state["_iterator_finished"] = True
             self._base_state = current_state
             yield current
             self._finish_epoch()
         finally:
-            if observer is not None:
-                observer.end(self)
+            self.end()
 
     def _batches(self, skip: int) -> Iterator[Any]:
         raise NotImplementedError
@@ -115,8 +198,7 @@ class _PreparedLoader:
     @property
     def _is_stateful(self) -> bool:
         """The base loader is torchdata's StatefulDataLoader (its state is reported too)."""
-        base = self.base_dataloader
-        return type(base).__module__.startswith("torchdata.") and hasattr(base, "state_dict")
+        return is_stateful_loader(self.base_dataloader)
 
     def _final_remainder(self) -> int | None:
         """The remainder observed at the end of the epoch, None when nothing was observed."""
@@ -130,7 +212,7 @@ class _PreparedLoader:
     def _base_iterator(self, skip: int) -> Iterator[Any]:
         """Start the base loader at batch `skip` (sampler-level when it has a batch sampler)."""
         gen = getattr(self.base_dataloader, "generator", None)
-        if gen is None or getattr(self, "_owns_generator", False):
+        if self._prepared and (gen is None or getattr(self, "_owns_generator", False)):
             # No generator of the user's: creating the iterator would draw the workers' base
             # seed from the global RNG, so a resumed run (whose global RNG was restored
             # mid-epoch) would diverge from an unbroken one (dropout masks, augmentation).
@@ -185,6 +267,10 @@ class _PreparedLoader:
         """The current epoch (accelerate's name)."""
         return self._epoch
 
+    @iteration.setter
+    def iteration(self, epoch: int) -> None:
+        self.set_epoch(epoch)
+
     # -- what a trainer asks ------------------------------------------------------------------
     @property
     def dataset(self) -> Any:
@@ -228,13 +314,16 @@ class _PreparedLoader:
     def state_dict(self) -> dict[str, Any]:
         """The position as plain values: epoch, batches yielded in it, shuffle seed, generator.
 
-        Over torchdata's StatefulDataLoader (`use_stateful_dataloader=True`) the dict is also
-        torchdata's own state dict as it was when the last batch handed out was fetched (the
-        base loader runs one batch ahead); resuming uses accel's keys, which are exact.
+        Over torchdata's StatefulDataLoader (`use_stateful_dataloader=True`) it is torchdata's
+        own state dict as it was when the last batch handed out was fetched (the base loader
+        runs one batch ahead); a prepared loader adds accel's keys, which resume exactly
+        (shuffle seed, epoch, number of processes).
         """
         extra: dict[str, Any] = {}
         if self._is_stateful:
             extra = dict(self._base_state or self.base_dataloader.state_dict())
+            if not self._prepared:
+                return extra
         return {
             **extra,
             "version": _STATE_VERSION,
@@ -246,8 +335,18 @@ class _PreparedLoader:
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore a position: the next iteration yields exactly what an unbroken run would."""
+        """Restore a position: the next iteration yields exactly what an unbroken run would.
+
+        Takes what `state_dict()` returned, or, over torchdata's StatefulDataLoader, a state
+        dict of torchdata's own. A position past the end of this loader's epoch (the dataset,
+        batch size or number of processes changed since the save) raises a ValueError.
+        """
         missing = {"epoch", "batches_yielded", "num_processes"} - set(state_dict)
+        if len(missing) == 3 and self._is_stateful:  # torchdata's own state dict
+            self.base_dataloader.load_state_dict(state_dict)
+            self._pending_skip, self._restored_at, self._yielded = 0, None, 0
+            self._base_state = dict(state_dict)
+            return
         if missing:
             raise KeyError(
                 f"not a data loader state dict: missing {sorted(missing)}; expected the dict "
@@ -259,15 +358,32 @@ class _PreparedLoader:
                 f"but this loader has num_processes={self.num_processes}; a mid-epoch position "
                 f"only resumes on the same number of processes (start the epoch over instead)"
             )
+        position = int(state_dict["batches_yielded"])
+        self._check_position(position, int(state_dict["epoch"]))
         seed = state_dict.get("seed")
         if seed is not None and self._seedable is not None:
             self._seedable.seed = int(seed)
         self._epoch = int(state_dict["epoch"])
-        self._yielded = self._pending_skip = int(state_dict["batches_yielded"])
+        self._yielded = self._pending_skip = position
         self._restored_at = self._pending_skip
         self._pending_gen_state = state_dict.get("generator_state")
         self._gen_state = self._pending_gen_state
         self._apply_epoch()
+
+    def _check_position(self, position: int, epoch: int) -> None:
+        """Refuse a saved position that this loader's epoch does not reach."""
+        try:
+            length = len(self)
+        except TypeError:  # a stream of unknown length: checked only by reading it
+            return
+        if position > length:
+            raise ValueError(
+                f"cannot resume at batch {position} of epoch {epoch}: this loader has only "
+                f"{length} batches per epoch, so resuming would yield nothing. The dataset, the "
+                f"batch size or the number of processes changed since the state was saved. "
+                f"Prepare the loader as in the saved run, or start epoch {epoch} over by not "
+                f"loading the data position (set 'batches_yielded' to 0 in the saved state)."
+            )
 
     def _skip_next(self, num_batches: int) -> None:
         """Start the next iteration at batch `num_batches` of the current epoch."""

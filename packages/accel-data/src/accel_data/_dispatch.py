@@ -6,8 +6,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch.utils.data import IterableDataset
 
-from accel_data._base import _END, _PreparedLoader
+from accel_data._base import _END, _PreparedLoader, _remainder
 from accel_data._ops import find_batch_size, flatten, send_to_device, slice_tensors, unflatten
 
 
@@ -30,26 +31,55 @@ class DataLoaderDispatcher(_PreparedLoader):
 
     def __init__(
         self,
-        base_dataloader: Any,
-        *,
-        split_batches: bool,
-        even_batches: bool,
-        slice_fn: Callable[..., Any] | None,
+        dataset: Any,
+        split_batches: bool = False,
+        skip_batches: int = 0,
+        use_stateful_dataloader: bool = False,
+        _drop_last: bool = False,
+        _non_blocking: bool = False,
+        slice_fn: Callable[..., Any] | None = None,
+        torch_device_mesh: Any = None,
+        iteration: int = 0,
+        even_batches: bool = True,
         **kwargs: Any,
     ) -> None:
-        super().__init__(base_dataloader, **kwargs)
+        super().__init__(
+            dataset,
+            skip_batches=skip_batches,
+            use_stateful_dataloader=use_stateful_dataloader,
+            _drop_last=_drop_last,
+            _non_blocking=_non_blocking,
+            torch_device_mesh=torch_device_mesh,
+            iteration=iteration,
+            **kwargs,
+        )
         self.split_batches = split_batches
         self.even_batches = even_batches
         self.slice_fn = slice_fn
         self._last_real = -1
+        # Built directly, it serves the initialized process group (else one process); with
+        # split_batches=False, process 0 reads one base batch per process for each step.
+        self.num_processes, self.process_index = _world()
+        self._group = 1 if split_batches else self.num_processes
+        if self._total_batch_size is not None:
+            self._total_batch_size *= self._group
+        self._static_remainder = _remainder(dataset, self._total_batch_size, self._drop_last)
+
+    def _configure(self, **kwargs: Any) -> None:
+        super()._configure(**kwargs)
+        self._group = 1  # prepare_data_loader's base loader yields global batches
 
     def __len__(self) -> int:
-        return len(self.base_dataloader)
+        return -(-len(self.base_dataloader) // self._group)
 
     @property
     def batch_sampler(self) -> Any:
         """The global batch sampler iterated by process 0 (None for an iterable dataset)."""
-        return None if self._resume is None else self._resume.batch_sampler
+        if self._resume is not None:
+            return self._resume.batch_sampler
+        if isinstance(self.base_dataloader.dataset, IterableDataset):
+            return None
+        return self.base_dataloader.batch_sampler
 
     @property
     def batch_size(self) -> int | None:
@@ -61,7 +91,7 @@ class DataLoaderDispatcher(_PreparedLoader):
         return self._last_real
 
     def _batches(self, skip: int) -> Iterator[Any]:
-        reader = self._base_iterator(skip) if self.process_index == 0 else None
+        reader = self._base_iterator(skip * self._group) if self.process_index == 0 else None
         first: Any = None
         while True:
             batch, real = self._next_global(reader, first)
@@ -78,7 +108,7 @@ class DataLoaderDispatcher(_PreparedLoader):
     def _next_global(self, reader: Iterator[Any] | None, first: Any) -> tuple[Any, int]:
         """Process 0 reads and pads a batch; every process receives (batch, real samples)."""
         if reader is not None:
-            batch = next(reader, _END)
+            batch = _read_group(reader, self._group)
             real = -1
             if batch is not _END:
                 real = find_batch_size(batch) or 0
@@ -114,6 +144,33 @@ class DataLoaderDispatcher(_PreparedLoader):
                 batch, part, process_index=self.process_index, num_processes=self.num_processes
             )
         return slice_tensors(batch, part)
+
+
+def _world() -> tuple[int, int]:
+    """(world size, rank) of the initialized process group, else (1, 0)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
+def _read_group(reader: Iterator[Any], group: int) -> Any:
+    """The next `group` batches of `reader` joined along the first dimension (_END at the end)."""
+    batches = []
+    for _ in range(group):
+        batch = next(reader, _END)
+        if batch is _END:
+            break
+        batches.append(batch)
+    if not batches:
+        return _END
+    if len(batches) == 1:
+        return batches[0]
+    skeleton, _ = flatten(batches[0])
+    parts = [flatten(b)[1] for b in batches]
+    joined = [torch.cat(ts) if ts[0].dim() > 0 else ts[0] for ts in zip(*parts)]
+    return unflatten(skeleton, joined)
 
 
 def _comm_device(device: torch.device | None) -> torch.device:

@@ -39,7 +39,7 @@ class IterableDatasetShard(IterableDataset):
         if split_batches and batch_size % num_processes != 0:
             raise ValueError(
                 f"split_batches=True: batch size {batch_size} does not divide across "
-                f"{num_processes} processes. Use a multiple of {num_processes}, or "
+                f"{num_processes} processes. Use a round multiple of {num_processes}, or "
                 f"split_batches=False."
             )
         self.dataset = dataset

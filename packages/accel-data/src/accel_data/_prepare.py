@@ -10,7 +10,8 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
-from accel_data._base import IterationObserver
+from accel_data._adapters import is_stateful_loader, stateful_loader_class
+from accel_data._base import IterationObserver, _epoch_targets
 from accel_data._dispatch import DataLoaderDispatcher
 from accel_data._iterable import IterableDatasetShard
 from accel_data._samplers import (
@@ -40,20 +41,24 @@ _LOADER_OPTIONS = (
 
 def prepare_data_loader(
     dataloader: DataLoader,
-    *,
-    num_processes: int,
-    process_index: int,
     device: torch.device | str | None = None,
+    num_processes: int | None = None,
+    process_index: int | None = None,
     split_batches: bool = False,
     put_on_device: bool = False,
+    rng_types: list[Any] | None = None,
     dispatch_batches: bool | None = None,
     even_batches: bool = True,
+    slice_fn_for_dispatch: Callable[..., Any] | None = None,
     use_seedable_sampler: bool = False,
     data_seed: int | None = None,
     non_blocking: bool = False,
-    slice_fn_for_dispatch: Callable[..., Any] | None = None,
-    iteration_observer: IterationObserver | None = None,
     use_stateful_dataloader: bool = False,
+    torch_device_mesh: Any = None,
+    *,
+    iteration_observer: IterationObserver | None = None,
+    shard_class: type[DataLoaderShard] = DataLoaderShard,
+    dispatcher_class: type[DataLoaderDispatcher] = DataLoaderDispatcher,
 ) -> DataLoaderShard | DataLoaderDispatcher:
     """Wrap `dataloader` so that this process (`process_index` of `num_processes`) gets its share.
 
@@ -62,6 +67,9 @@ def prepare_data_loader(
     describe. With `dispatch_batches`, process 0 reads and broadcasts instead (needs an
     initialized torch.distributed process group when num_processes > 1); None means "for
     iterable datasets when `put_on_device`". `put_on_device` moves every batch to `device`.
+    `num_processes` / `process_index` default to the initialized torch.distributed process
+    group (else one process); with `torch_device_mesh`, processes of one tensor- or
+    context-parallel group (mesh dimensions "tp", "cp") read the same batches.
 
     Shuffling: a `RandomSampler` (e.g. from `DataLoader(shuffle=True)`) is replaced by a
     SeedableRandomSampler, whatever `use_seedable_sampler` says, so the order is the same on
@@ -70,139 +78,194 @@ def prepare_data_loader(
     from process 0 when a process group is initialized. Epoch e uses base seed + e.
 
     `iteration_observer`: an object with `begin(loader)` / `end(loader)`, called when an
-    iteration starts and when it ends (or is closed or garbage-collected).
+    iteration starts and when it ends (or is closed or garbage-collected). `rng_types` is
+    kept on the loader for the caller that synchronizes random states at each epoch.
     `use_stateful_dataloader`: rebuild as torchdata's StatefulDataLoader.
+    `shard_class` / `dispatcher_class`: subclasses to build instead (a framework's own).
     """
     del use_seedable_sampler  # shuffling is always seedable; kept for accelerate's signature
-    _check_topology(num_processes, process_index)
     if not isinstance(dataloader, DataLoader):
         raise TypeError(
             f"prepare_data_loader expects a torch.utils.data.DataLoader, got "
             f"{type(dataloader).__name__}"
         )
+    num_processes, process_index = _topology(num_processes, process_index, torch_device_mesh)
+    _check_topology(num_processes, process_index)
     dataset = dataloader.dataset
     iterable = isinstance(dataset, IterableDataset)
     if dispatch_batches is None:
         dispatch_batches = put_on_device and iterable
     if dispatch_batches and num_processes > 1:
         _require_process_group()
-    loader_cls = _loader_class(dataloader, use_stateful_dataloader)
+    stateful = use_stateful_dataloader or is_stateful_loader(dataloader)
+    build = dict(
+        _loader_options(dataloader, stateful),
+        use_stateful_dataloader=stateful,
+        _non_blocking=non_blocking,
+        torch_device_mesh=torch_device_mesh,
+    )
     common = dict(
         dataset=dataset,
         num_processes=num_processes,
         process_index=process_index,
-        device=device,
         put_on_device=put_on_device,
-        non_blocking=non_blocking,
         iteration_observer=iteration_observer,
     )
     if iterable:
-        return _prepare_iterable(
-            dataloader,
-            loader_cls,
-            common,
-            split_batches,
-            dispatch_batches,
-            even_batches,
-            slice_fn_for_dispatch,
-        )
-    if dataloader.batch_sampler is None:
+        loader = _prepare_iterable(
+            dataloader, build, common, split_batches, dispatch_batches, even_batches,
+            slice_fn_for_dispatch, device, rng_types, (shard_class, dispatcher_class),
+        )  # fmt: skip
+        return loader
+    source = dataloader.batch_sampler
+    # A BatchSampler given as `sampler` (batch_size=None): each index is already a batch.
+    as_sampler = source is None and isinstance(dataloader.sampler, BatchSampler)
+    if as_sampler:
+        source = dataloader.sampler
+    if source is None:
         raise ValueError(
             "prepare_data_loader needs batches: this DataLoader has batch_size=None (no "
             "automatic batching). Give it a batch_size or a batch_sampler."
         )
-    seedable, batch_sampler = _seedable_batches(dataloader, data_seed)
+    seedable, batch_sampler = _seedable_batches(dataloader, source, data_seed)
     targets = _epoch_targets(seedable, batch_sampler, dataset)
     per = getattr(batch_sampler, "batch_size", None)
     total = None if per is None else (per if split_batches else per * num_processes)
+    sizes = dict(
+        seedable_sampler=seedable,
+        epoch_targets=targets,
+        total_batch_size=total,
+        static_remainder=_map_remainder(batch_sampler, total),
+    )
     if dispatch_batches:
         global_sampler = _global_batch_sampler(batch_sampler, split_batches, num_processes)
         resume = _ResumeBatchSampler(global_sampler)
-        base = _rebuild(dataloader, loader_cls, dataset, batch_sampler=resume)
-        return DataLoaderDispatcher(
-            base,
+        loader = dispatcher_class(
+            dataset,
             split_batches=split_batches,
             even_batches=even_batches,
             slice_fn=slice_fn_for_dispatch,
-            seedable_sampler=seedable,
-            resume_sampler=resume,
-            epoch_targets=targets,
-            total_batch_size=total,
-            static_remainder=_map_remainder(batch_sampler, total),
-            **common,
+            **_index_source(resume, as_sampler),
+            **build,
         )
+        loader.device = None if device is None else torch.device(device)
+        loader._configure(resume_sampler=resume, **sizes, **common)
+        return loader
     shard = BatchSamplerShard(
         batch_sampler, num_processes, process_index, split_batches, even_batches
     )
     resume = _ResumeBatchSampler(shard)
-    base = _rebuild(dataloader, loader_cls, dataset, batch_sampler=resume)
-    return DataLoaderShard(
-        base,
-        seedable_sampler=seedable,
-        resume_sampler=resume,
-        epoch_targets=targets,
-        total_batch_size=total,
-        static_remainder=_map_remainder(batch_sampler, total),
-        **common,
+    loader = shard_class(
+        dataset, device=device, rng_types=rng_types, **_index_source(resume, as_sampler), **build
     )
+    loader._configure(resume_sampler=resume, **sizes, **common)
+    return loader
+
+
+def _index_source(resume: _ResumeBatchSampler, as_sampler: bool) -> dict[str, Any]:
+    """How the rebuilt loader takes its index batches: as its batch sampler, or as its
+    sampler without automatic batching (when the user's loader took them that way)."""
+    if as_sampler:
+        return {"sampler": resume, "batch_size": None}
+    return {"batch_sampler": resume}
+
+
+def _topology(num_processes: int | None, process_index: int | None, mesh: Any) -> tuple[int, int]:
+    """The data-parallel (world size, rank): explicit values, else the process group's."""
+    import torch.distributed as dist
+
+    group = dist.is_available() and dist.is_initialized()
+    if num_processes is None:
+        num_processes = dist.get_world_size() if group else 1
+    if process_index is None:
+        process_index = dist.get_rank() if group else 0
+    if mesh is None:
+        return num_processes, process_index
+    names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
+    shared = 1  # processes that read the same batches (tensor / context parallel)
+    for name in ("tp", "cp"):
+        if name in names:
+            shared *= mesh[name].size()
+    return num_processes // shared, process_index // shared
 
 
 def _prepare_iterable(
     dataloader: DataLoader,
-    loader_cls: type,
+    build: dict[str, Any],
     common: dict[str, Any],
     split_batches: bool,
     dispatch_batches: bool,
     even_batches: bool,
     slice_fn: Callable[..., Any] | None,
+    device: torch.device | str | None,
+    rng_types: list[Any] | None,
+    classes: tuple[type[DataLoaderShard], type[DataLoaderDispatcher]],
 ) -> DataLoaderShard | DataLoaderDispatcher:
     dataset, p = dataloader.dataset, common["num_processes"]
-    per = dataloader.batch_size
-    if per is None:
-        raise ValueError(
-            "prepare_data_loader needs batches: this DataLoader over an iterable dataset has "
-            "batch_size=None. Give it a batch_size."
-        )
+    per = dataloader.batch_size  # None: the stream yields whole batches itself
     drop_last = dataloader.drop_last
-    total = per if split_batches else per * p
+    total = None if per is None else (per if split_batches else per * p)
     remainder = -1
-    if isinstance(dataset, Sized):
+    if isinstance(dataset, Sized) and total is not None:
         remainder = 0 if drop_last else len(dataset) % total
     if dispatch_batches:
-        base = _rebuild(dataloader, loader_cls, dataset, batch_size=total, drop_last=drop_last)
-        targets = [dataset] if hasattr(dataset, "set_epoch") else []
-        return DataLoaderDispatcher(
-            base,
+        if per is None and p > 1:
+            raise ValueError(
+                "dispatch_batches=True slices each batch across processes, but this "
+                "DataLoader has batch_size=None. Give it a batch_size, or use "
+                "dispatch_batches=False (each process then takes whole items in turn)."
+            )
+        loader = classes[1](
+            dataset,
             split_batches=split_batches,
             even_batches=even_batches,
             slice_fn=slice_fn,
-            seedable_sampler=None,
-            resume_sampler=None,
-            epoch_targets=targets,
-            total_batch_size=total,
-            static_remainder=remainder,
-            **common,
+            batch_size=total,
+            drop_last=drop_last,
+            _drop_last=drop_last,
+            **build,
         )
-    shard = IterableDatasetShard(dataset, per, drop_last, p, common["process_index"], split_batches)
-    base = _rebuild(
-        dataloader, loader_cls, shard, batch_size=shard.process_batch_size, drop_last=drop_last
-    )
-    return DataLoaderShard(
-        base,
+        loader.device = None if device is None else torch.device(device)
+        targets = [dataset] if hasattr(dataset, "set_epoch") else []
+        shard = None
+    else:
+        shard = IterableDatasetShard(
+            dataset, per or 1, drop_last, p, common["process_index"], bool(split_batches and per)
+        )
+        batch = None if per is None else shard.process_batch_size
+        loader = classes[0](
+            shard,
+            device=device,
+            rng_types=rng_types,
+            batch_size=batch,
+            drop_last=drop_last,
+            _drop_last=drop_last,
+            **build,
+        )
+        targets = [shard]
+    loader._configure(
         seedable_sampler=None,
         resume_sampler=None,
-        epoch_targets=[shard],
+        epoch_targets=targets,
         total_batch_size=total,
         static_remainder=remainder,
         **common,
     )
+    return loader
 
 
 def _seedable_batches(
-    dataloader: DataLoader, data_seed: int | None
+    dataloader: DataLoader, batch_sampler: Any, data_seed: int | None
 ) -> tuple[SeedableRandomSampler | None, Any]:
     """Replace a RandomSampler inside the batch sampler by a SeedableRandomSampler."""
-    batch_sampler = dataloader.batch_sampler
+    inner = getattr(batch_sampler, "batch_sampler", None)
+    if inner is not None:  # a wrapper that iterates another batch sampler (SkipBatchSampler)
+        seedable, new_inner = _seedable_batches(dataloader, inner, data_seed)
+        if new_inner is not inner:
+            batch_sampler = copy.copy(batch_sampler)
+            batch_sampler.batch_sampler = new_inner
+            batch_sampler.sampler = getattr(new_inner, "sampler", None)
+        return seedable, batch_sampler
     sampler = getattr(batch_sampler, "sampler", None)
     if isinstance(sampler, SeedableRandomSampler):
         if data_seed is not None:
@@ -251,15 +314,6 @@ def _base_seed(data_seed: int | None, generator: torch.Generator | None) -> int:
     return seed
 
 
-def _epoch_targets(seedable: Any, batch_sampler: Any, dataset: Any) -> list[Any]:
-    """Every distinct object that wants to hear the epoch."""
-    targets: list[Any] = []
-    for obj in (seedable, getattr(batch_sampler, "sampler", None), batch_sampler, dataset):
-        if obj is not None and hasattr(obj, "set_epoch") and all(obj is not t for t in targets):
-            targets.append(obj)
-    return targets
-
-
 def _global_batch_sampler(batch_sampler: Any, split_batches: bool, num_processes: int) -> Any:
     """The batch sampler process 0 reads in dispatch mode: one global batch at a time."""
     if split_batches or num_processes == 1:
@@ -285,21 +339,9 @@ def _map_remainder(batch_sampler: Any, total: int | None) -> int:
     return len(sampler) % total
 
 
-def _loader_class(dataloader: DataLoader, use_stateful: bool) -> type:
-    if use_stateful:
-        try:
-            from torchdata.stateful_dataloader import StatefulDataLoader
-        except ImportError as err:
-            raise ImportError(
-                "use_stateful_dataloader=True needs torchdata: pip install torchdata"
-            ) from err
-        return StatefulDataLoader
-    if hasattr(dataloader, "state_dict") and hasattr(dataloader, "load_state_dict"):
-        return type(dataloader)  # a StatefulDataLoader the user brought
-    return DataLoader
-
-
-def _rebuild(dataloader: DataLoader, cls: type, dataset: Any, **overrides: Any) -> DataLoader:
+def _loader_options(dataloader: DataLoader, stateful: bool) -> dict[str, Any]:
+    """The options of `dataloader` that the rebuilt base loader takes over."""
+    cls = stateful_loader_class() if stateful else DataLoader
     accepted = inspect.signature(cls.__init__).parameters
     options = {
         name: getattr(dataloader, name)
@@ -309,7 +351,7 @@ def _rebuild(dataloader: DataLoader, cls: type, dataset: Any, **overrides: Any) 
     if options.get("num_workers", 0) == 0:
         options.pop("prefetch_factor", None)
         options["persistent_workers"] = False
-    return cls(dataset, **options, **overrides)
+    return options
 
 
 def _require_process_group() -> None:

@@ -85,7 +85,7 @@ class BatchSamplerShard(BatchSampler):
             if batch_size % num_processes != 0:
                 raise ValueError(
                     f"split_batches=True: batch size {batch_size} does not divide across "
-                    f"{num_processes} processes. Use a batch size that is a multiple of "
+                    f"{num_processes} processes. Use a batch size that is a round multiple of "
                     f"{num_processes}, or split_batches=False."
                 )
         self.batch_sampler = batch_sampler

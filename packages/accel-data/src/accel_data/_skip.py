@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
+from accel_data._adapters import SkipBatchSampler, SkipDataLoader
 from accel_data._base import _PreparedLoader
-from accel_data._samplers import _ResumeBatchSampler
 
 
 class _SkipFirst:
@@ -26,12 +26,9 @@ class _SkipFirst:
     def __iter__(self) -> Iterator[Any]:
         first, self._used = not self._used, True
         loader = self._loader
-        if not first:
-            return iter(loader)
-        if isinstance(loader, _PreparedLoader):
+        if first:
             loader._skip_next(self._num_batches)
-            return iter(loader)
-        return _skip_plain(loader, self._num_batches)
+        return iter(loader)
 
     def __len__(self) -> int:
         full = len(self._loader)
@@ -46,13 +43,16 @@ class _SkipFirst:
 def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
     """Return a loader that starts at batch `num_batches` of the current epoch.
 
-    It behaves normally afterwards (the following epochs are whole), and for a prepared
-    loader it shares the loader's epoch counter. A map-style loader skips index batches
-    without reading the skipped samples; a stream is read and dropped.
+    For a prepared loader: a view sharing the loader's epoch counter, whose later epochs
+    are whole. A prepared loader that `load_state_dict` just restored to batch `num_batches`
+    (and that has not been iterated since) is returned as it is, with a warning: it already
+    starts there, and a script written for accelerate (load the state, then skip) must not
+    skip twice.
 
-    A prepared loader that `load_state_dict` just restored to batch `num_batches` (and that
-    has not been iterated since) is returned as it is, with a warning: it already starts
-    there, and a script written for accelerate (load the state, then skip) must not skip twice.
+    For a plain DataLoader, as accelerate does: a new DataLoader (which `prepare` accepts)
+    that skips the first `num_batches` batches of every iteration; use the original loader
+    for the following epochs. A map-style loader skips index batches without reading the
+    skipped samples; a stream is read and dropped.
     """
     if not isinstance(num_batches, int) or num_batches < 0:
         raise ValueError(f"num_batches must be an int >= 0, got {num_batches!r}")
@@ -61,26 +61,29 @@ def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
         if restored is not None and restored == num_batches:
             dataloader._warn_restored(num_batches)
             return dataloader
-    elif not isinstance(dataloader, DataLoader):
+        return _SkipFirst(dataloader, num_batches)
+    if not isinstance(dataloader, DataLoader):
         raise TypeError(
             f"skip_first_batches expects a DataLoader or a prepared loader, got "
             f"{type(dataloader).__name__}"
         )
-    return _SkipFirst(dataloader, num_batches)
+    return _skipping_loader(dataloader, num_batches)
 
 
-def _skip_plain(loader: DataLoader, num_batches: int) -> Iterator[Any]:
-    """Iterate a plain DataLoader from batch `num_batches`."""
+def _skipping_loader(loader: DataLoader, num_batches: int) -> DataLoader:
+    """A loader like `loader` whose iterations start at batch `num_batches`."""
+    from accel_data._prepare import _loader_options
+
+    dataset, options = loader.dataset, _loader_options(loader, False)
     batch_sampler = loader.batch_sampler
-    if isinstance(loader.dataset, IterableDataset) or batch_sampler is None:
-        it = iter(loader)
-        for _ in range(num_batches):
-            next(it, None)
-        return it
-    # Skip at the index level: a one-off loader over the same dataset and options.
-    from accel_data._prepare import _rebuild
-
-    resume = _ResumeBatchSampler(batch_sampler)
-    resume.skip = num_batches
-    one_off = _rebuild(loader, DataLoader, loader.dataset, batch_sampler=resume)
-    return iter(one_off)
+    if isinstance(dataset, IterableDataset):
+        batching = {"batch_size": loader.batch_size, "drop_last": loader.drop_last}
+        return SkipDataLoader(dataset, skip_batches=num_batches, **batching, **options)
+    if batch_sampler is None and isinstance(loader.sampler, BatchSampler):
+        skipping = SkipBatchSampler(loader.sampler, num_batches)
+        return DataLoader(dataset, sampler=skipping, batch_size=None, **options)
+    if batch_sampler is None:  # no automatic batching: each sample is a batch
+        unbatched = {"sampler": loader.sampler, "batch_size": None}
+        return SkipDataLoader(dataset, skip_batches=num_batches, **unbatched, **options)
+    skipping = SkipBatchSampler(batch_sampler, num_batches)
+    return DataLoader(dataset, batch_sampler=skipping, **options)

@@ -1,8 +1,5 @@
 """Familiar path `accelerate.commands.accelerate_cli`: re-exports from the packages that own the code."""
 
-from accel._compat._left_out import (
-    tpu_command_parser,
-)
 from accel._compat._misc import cli_main
 from accel.commands.env import (
     env_command_parser,
@@ -22,6 +19,9 @@ from accel.commands.test import (
 from accel.commands.to_fsdp2 import (
     to_fsdp2_command_parser,
 )
+from accel_cli._argparse import CustomArgumentParser
+from accel_cli._config_compat import get_config_parser
+from accel_cli._tpu import tpu_command_parser
 
 main = cli_main()
 
@@ -37,4 +37,9 @@ __all__ += [
     "test_command_parser",
     "to_fsdp2_command_parser",
     "tpu_command_parser",
+]
+
+__all__ += [
+    "CustomArgumentParser",
+    "get_config_parser",
 ]

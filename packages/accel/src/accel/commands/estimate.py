@@ -14,6 +14,16 @@ from accel._compat._other import (
 from accel_bigmodel import (
     init_empty_weights,
 )
+from accel_cli._argparse import CustomArgumentParser
+from accel_cli._estimate_compat import (
+    add_timm_hub_prefix,
+    check_has_model,
+    create_ascii_table,
+    create_empty_model,
+    estimate_training_usage,
+    gather_data,
+    verify_on_hub,
+)
 
 estimate_command = cli_command("estimate_memory_command")
 
@@ -33,4 +43,15 @@ __all__ += [
     "init_empty_weights",
     "is_timm_available",
     "is_transformers_available",
+]
+
+__all__ += [
+    "CustomArgumentParser",
+    "add_timm_hub_prefix",
+    "check_has_model",
+    "create_ascii_table",
+    "create_empty_model",
+    "estimate_training_usage",
+    "gather_data",
+    "verify_on_hub",
 ]

@@ -4,6 +4,7 @@ from accel._compat._misc import cli_command, cli_main, cli_parser
 from accel._export import (
     merge_fsdp_weights,
 )
+from accel_cli._argparse import CustomArgumentParser
 
 main = cli_main("merge-weights")
 
@@ -19,4 +20,8 @@ __all__ = ["main", "merge_command", "merge_command_parser"]
 
 __all__ += [
     "merge_fsdp_weights",
+]
+
+__all__ += [
+    "CustomArgumentParser",
 ]

@@ -1,8 +1,34 @@
 """Familiar path `accelerate.commands.to_fsdp2`: re-exports from the packages that own the code."""
 
-from accel._compat._misc import cli_command, cli_parser
+import argparse
 
-to_fsdp2_command = cli_command("to_fsdp2_command")
+from accel._compat._misc import cli_parser
+from accel_cli._argparse import CustomArgumentParser
+from accel_cli._migrate import (
+    ARGUMENT_KEY_MAPPING,
+    ARGUMENT_VALUE_MAPPING,
+    ConversionStatus,
+    convert_config_to_fsdp2,
+    load_config,
+)
+
 to_fsdp2_command_parser = cli_parser("to-fsdp2")
 
-__all__ = ["to_fsdp2_command", "to_fsdp2_command_parser"]
+
+def to_fsdp2_command(args: argparse.Namespace) -> int:
+    """`accel to-fsdp2`, reading the file through this module's `load_config`."""
+    from accel_cli.main import to_fsdp2_command as run
+
+    return run(args, load_config=lambda path: load_config(path))
+
+
+__all__ = [
+    "ARGUMENT_KEY_MAPPING",
+    "ARGUMENT_VALUE_MAPPING",
+    "ConversionStatus",
+    "CustomArgumentParser",
+    "convert_config_to_fsdp2",
+    "load_config",
+    "to_fsdp2_command",
+    "to_fsdp2_command_parser",
+]

@@ -1,3 +1,10 @@
 """Familiar path `accelerate.commands.utils`: re-exports from the packages that own the code."""
 
+from accel_cli._argparse import CustomArgumentGroup, CustomArgumentParser
+
 __all__ = []
+
+__all__ += [
+    "CustomArgumentGroup",
+    "CustomArgumentParser",
+]

@@ -11,6 +11,7 @@ from accel.commands.config.default import (
 from accel.commands.config.update import (
     update_command_parser,
 )
+from accel_cli._config_compat import get_config_parser
 
 main = cli_main("config")
 
@@ -22,4 +23,8 @@ __all__ += [
     "config_command_parser",
     "default_command_parser",
     "update_command_parser",
+]
+
+__all__ += [
+    "get_config_parser",
 ]

@@ -18,6 +18,14 @@ from accel._compat._imports import (
     is_transformer_engine_available,
     is_transformers_available,
 )
+from accel_cli._config_args import ClusterConfig
+from accel_cli._config_compat import get_cluster_input
+from accel_cli._constants import (
+    DEEPSPEED_MULTINODE_LAUNCHERS,
+    DYNAMO_BACKENDS,
+    FSDP2_STATE_DICT_TYPE,
+    TORCH_DYNAMO_MODES,
+)
 from accel_state import (
     DistributedType,
 )
@@ -39,4 +47,13 @@ __all__ += [
     "is_torchao_available",
     "is_transformer_engine_available",
     "is_transformers_available",
+]
+
+__all__ += [
+    "DEEPSPEED_MULTINODE_LAUNCHERS",
+    "DYNAMO_BACKENDS",
+    "FSDP2_STATE_DICT_TYPE",
+    "TORCH_DYNAMO_MODES",
+    "ClusterConfig",
+    "get_cluster_input",
 ]

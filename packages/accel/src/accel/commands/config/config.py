@@ -4,9 +4,10 @@ from accel._compat._extras import (
     ComputeEnvironment,
 )
 from accel._compat._misc import cli_command, cli_main, cli_parser
-from accel_cli._config import (
+from accel_cli._config_args import (
     load_config_from_file,
 )
+from accel_cli._config_compat import get_cluster_input, get_sagemaker_input, get_user_input
 
 config_command = cli_command("config_questionnaire_command")
 
@@ -23,4 +24,10 @@ __all__ = ["config_command", "config_command_parser", "main"]
 __all__ += [
     "ComputeEnvironment",
     "load_config_from_file",
+]
+
+__all__ += [
+    "get_cluster_input",
+    "get_sagemaker_input",
+    "get_user_input",
 ]

@@ -6,7 +6,12 @@ from accel._compat._extras import (
 from accel._compat._left_out import (
     SageMakerDistributedType,
 )
-from accel_cli._config import load_config_from_file
+from accel_cli._config_args import BaseConfig, ClusterConfig, SageMakerConfig, load_config_from_file
+from accel_cli._constants import (
+    SAGEMAKER_PYTHON_VERSION,
+    SAGEMAKER_PYTORCH_VERSION,
+    SAGEMAKER_TRANSFORMERS_VERSION,
+)
 from accel_cli._environment import default_config_path
 from accel_state import (
     DistributedType,
@@ -25,4 +30,13 @@ __all__ += [
     "ComputeEnvironment",
     "DistributedType",
     "SageMakerDistributedType",
+]
+
+__all__ += [
+    "SAGEMAKER_PYTHON_VERSION",
+    "SAGEMAKER_PYTORCH_VERSION",
+    "SAGEMAKER_TRANSFORMERS_VERSION",
+    "BaseConfig",
+    "ClusterConfig",
+    "SageMakerConfig",
 ]

@@ -3,10 +3,14 @@
 from accel._compat._extras import (
     ComputeEnvironment,
     DynamoBackend,
+    FP8BackendType,
 )
 from accel._compat._left_out import (
     SageMakerDistributedType,
 )
+from accel_cli._argparse import SubcommandHelpFormatter
+from accel_cli._config_compat import BulletMenu
+from accel_cli._constants import DYNAMO_BACKENDS
 from accel_state import (
     DistributedType,
     PrecisionType,
@@ -21,4 +25,11 @@ __all__ += [
     "DynamoBackend",
     "PrecisionType",
     "SageMakerDistributedType",
+]
+
+__all__ += [
+    "DYNAMO_BACKENDS",
+    "BulletMenu",
+    "FP8BackendType",
+    "SubcommandHelpFormatter",
 ]

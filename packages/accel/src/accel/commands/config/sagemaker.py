@@ -9,6 +9,13 @@ from accel._compat._imports import (
 from accel._compat._left_out import (
     SageMakerDistributedType,
 )
+from accel_cli._config_args import SageMakerConfig
+from accel_cli._config_compat import get_sagemaker_input
+from accel_cli._constants import (
+    DYNAMO_BACKENDS,
+    SAGEMAKER_PARALLEL_EC2_INSTANCES,
+    TORCH_DYNAMO_MODES,
+)
 
 __all__ = []
 
@@ -17,4 +24,12 @@ __all__ += [
     "ComputeEnvironment",
     "SageMakerDistributedType",
     "is_boto3_available",
+]
+
+__all__ += [
+    "DYNAMO_BACKENDS",
+    "SAGEMAKER_PARALLEL_EC2_INSTANCES",
+    "TORCH_DYNAMO_MODES",
+    "SageMakerConfig",
+    "get_sagemaker_input",
 ]

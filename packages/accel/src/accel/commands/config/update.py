@@ -1,9 +1,11 @@
 """Familiar path `accelerate.commands.config.update`: re-exports from the packages that own the code."""
 
 from accel._compat._misc import cli_command, cli_parser
-from accel_cli._config import (
+from accel_cli._argparse import SubcommandHelpFormatter
+from accel_cli._config_args import (
     load_config_from_file,
 )
+from accel_cli._config_compat import update_config
 
 update_command_parser = cli_parser("config", "update")
 
@@ -16,4 +18,9 @@ __all__ = ["update_command_parser", "update_config_command"]
 
 __all__ += [
     "load_config_from_file",
+]
+
+__all__ += [
+    "SubcommandHelpFormatter",
+    "update_config",
 ]
