@@ -75,6 +75,8 @@ def test_names_and_flattened_dims() -> None:
     assert c.fsdp_dim_names == ["dp_replicate", "dp_shard_cp"]
     assert (c.total_size, c.data_parallel_size, c.non_data_parallel_size) == (16, 4, 4)
     assert c.cp_handler.cp_comm_strategy == "allgather"
+    assert c._get_mesh() == (("dp_replicate", "dp_shard", "cp", "tp"), (2, 2, 2, 2))
+    assert ParallelismConfig(dp_shard_size=4, tp_size=2)._get_mesh() == (("dp_shard", "tp"), (4, 2))
 
 
 def test_launch_section_and_environment() -> None:
@@ -98,7 +100,7 @@ def test_launch_section_and_environment() -> None:
     assert resolve_parallelism_config(None, world_size=4, environ={}) is None
     with pytest.raises(ValueError, match="sp_size"):
         ParallelismConfig.from_launch_config({"parallelism_config_sp_size": 2})
-    with pytest.raises(ValueError, match="cp_comm_strategy='ring'"):
+    with pytest.raises(ValueError, match="Invalid cp_comm_strategy: ring"):
         ParallelismConfig.from_environment(
             {"PARALLELISM_CONFIG_CP_SIZE": "2", "PARALLELISM_CONFIG_CP_COMM_STRATEGY": "ring"}
         )

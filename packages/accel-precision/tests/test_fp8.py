@@ -16,6 +16,7 @@ from accel_precision import (
     TERecipeKwargs,
     ao_float8_filter,
     check_fp8_support,
+    convert_model_to_fp8_ao,
     convert_to_ao_float8,
     convert_to_te,
     has_ao_float8_layers,
@@ -137,6 +138,16 @@ def test_ao_default_threshold_converts_layers_large_enough_to_gain():
     )
     convert_to_ao_float8(model)
     assert _converted(model) == {"1"}
+
+
+def test_accelerate_form_skips_first_and_last_with_no_size_threshold():
+    pytest.importorskip("torchao")
+    model = nn.Sequential(nn.Linear(32, 64), nn.Linear(64, 64), nn.Linear(64, 24), nn.Linear(24, 8))
+    assert convert_model_to_fp8_ao(model) is model
+    assert _converted(model) == {"1"}  # "2" has 24 out features: not divisible by 16
+    mine = nn.Sequential(nn.Linear(32, 64), nn.Linear(64, 64), nn.Linear(64, 32))
+    convert_model_to_fp8_ao(mine, module_filter_func=lambda m, fqn: fqn == "0")
+    assert _converted(mine) == {"0"}  # the caller's filter replaces the rule
 
 
 def test_ao_conversion_keeps_the_parameters():

@@ -22,6 +22,7 @@ EXPECTED = [
     "TERecipeKwargs",
     "ao_float8_filter",
     "check_fp8_support",
+    "convert_model_to_fp8_ao",
     "convert_outputs_to_fp32",
     "convert_to_ao_float8",
     "convert_to_te",

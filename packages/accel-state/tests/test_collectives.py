@@ -42,6 +42,7 @@ def _collectives_worker() -> dict:
     out["broadcast_object_list"] = S.broadcast_object_list(objs)
     out["reduce_sum"] = S.reduce(torch.tensor([float(rank)]), "sum").tolist()
     out["reduce_mean"] = S.reduce({"m": torch.tensor([float(rank)])}, "mean")["m"].tolist()
+    out["reduce_max"] = S.reduce(torch.tensor([float(rank), -float(rank)]), "max").tolist()
     padded = S.pad_across_processes(torch.ones(rank + 1, 2), dim=0, pad_index=-1)
     out["pad"] = padded.tolist()
     out["pad_first"] = S.pad_across_processes(
@@ -93,6 +94,7 @@ def test_collectives_real_processes(world: int) -> None:
         assert out["broadcast_object_list"] == [0, "x"]
         assert out["reduce_sum"] == [float(sum(range(world)))]
         assert out["reduce_mean"] == [sum(range(world)) / world]
+        assert out["reduce_max"] == [float(world - 1), 0.0]
         assert len(out["pad"]) == world and out["pad"][: r + 1] == [[1.0, 1.0]] * (r + 1)
         assert all(row == [-1.0, -1.0] for row in out["pad"][r + 1 :])
         assert out["pad_first"] == [[0.0] * (world - 1 - r) + [1.0] * (r + 1)]

@@ -4,6 +4,7 @@ import sys
 import accel_tracking
 
 EXPECTED = [
+    "TRACKER_CLASSES",
     "AimTracker",
     "ClearMLTracker",
     "CometMLTracker",
@@ -33,7 +34,7 @@ EXPECTED = [
 
 def test_all_is_the_declared_api():
     assert accel_tracking.__all__ == EXPECTED
-    assert sorted(EXPECTED) == EXPECTED
+    assert sorted(EXPECTED, key=lambda n: (not n.isupper(), n)) == EXPECTED
     for name in EXPECTED:
         assert getattr(accel_tracking, name) is not None
 

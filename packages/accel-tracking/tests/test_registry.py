@@ -103,9 +103,9 @@ def test_missing_library_names_the_extra():
 
 
 def test_logging_dir_required():
-    with pytest.raises(ValueError, match="'jsonl' tracker .* needs a logging directory"):
+    with pytest.raises(ValueError, match="Logging with `jsonl` requires a `logging_dir`"):
         filter_trackers("jsonl")
-    with pytest.raises(ValueError, match="logging directory"):
+    with pytest.raises(ValueError, match="logging_dir"):
         filter_trackers("all")
 
 
@@ -217,3 +217,20 @@ def test_duck_typed_tracker_instance_is_accepted():
     (tracker,) = resolve_trackers(Foreign(), "p")
     tracker.log({"a": 1}, step=5)
     assert tracker.logged == [5]
+
+
+def test_tracker_classes_is_the_live_registry(list_tracker):
+    from accel_tracking import TRACKER_CLASSES
+
+    assert TRACKER_CLASSES["list"] is list_tracker
+    assert list(TRACKER_CLASSES)[: len(BUILTIN)] == BUILTIN
+    snapshot = dict(TRACKER_CLASSES)
+    TRACKER_CLASSES.pop("list")
+    assert "list" not in known_trackers()
+    TRACKER_CLASSES.update(snapshot)
+    assert get_tracker("list") is list_tracker
+
+
+def test_missing_logging_directory_is_named():
+    with pytest.raises(ValueError, match="Logging with `tensorboard` requires a `logging_dir`"):
+        filter_trackers("tensorboard", None)

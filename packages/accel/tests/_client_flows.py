@@ -260,6 +260,9 @@ def flow_bigmodel(out: Path, work: Path) -> dict[str, Any]:
         results[tag] = {k: str(v) for k, v in (getattr(model, "hf_device_map", None) or {}).items()}
 
     record("plain", AutoModelForCausalLM.from_pretrained(saved))
+    # The most common call: no max_memory, so transformers measures memory itself and hands
+    # accel byte counts as floats.
+    record("auto", AutoModelForCausalLM.from_pretrained(saved, device_map="auto"))
     record(
         "auto_disk",
         AutoModelForCausalLM.from_pretrained(

@@ -423,3 +423,60 @@ def test_fp8_settings_from_accel_launch_reach_the_recipe(monkeypatch: pytest.Mon
     kw = seen["fp8_kwargs"]
     assert seen["mode"] == "fp8" and kw.fp8_backend == "te"
     assert (kw.te.margin, kw.te.fp8_format, kw.te.amax_history_len) == (3, "E4M3", 8)
+
+
+def test_prepared_objects_are_marked_and_sync_gradients_can_be_set() -> None:
+    acc = Accelerator(cpu=True)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    loader = DataLoader(RegressionData(8), batch_size=4)
+    *prepared, other = acc.prepare(model, opt, sched, loader, [1, 2])
+    assert all(getattr(p, "_is_accelerate_prepared", False) is True for p in prepared)
+    assert not hasattr(other, "_is_accelerate_prepared")
+    acc.sync_gradients = False
+    assert accel.GradientState().sync_gradients is False
+    acc.sync_gradients = True
+
+
+def test_a_model_loaded_in_8bit_with_offload_is_refused() -> None:
+    acc = Accelerator(cpu=True)
+    model = make_model()
+    model.is_loaded_in_8bit = True
+    model.hf_device_map = {"": "cpu"}
+    with pytest.raises(ValueError, match="CPU or disk offload"):
+        acc.prepare_model(model)
+    model.hf_device_map = {"a": "cpu", "b": "disk"}
+    with pytest.raises(ValueError, match="CPU or disk offload"):
+        acc.prepare(model)
+
+
+def test_dynamo_plugin_reads_accelerates_variables_for_unset_fields(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "AOT_EAGER")
+    monkeypatch.setenv("ACCELERATE_DYNAMO_MODE", "reduce-overhead")
+    monkeypatch.setenv("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION", "true")
+    plugin = accel.TorchDynamoPlugin()
+    assert plugin.backend == "aot_eager" and plugin.use_regional_compilation is True
+    assert plugin.to_kwargs() == {"backend": "aot_eager", "mode": "reduce-overhead"}
+    assert accel.TorchDynamoPlugin(backend="eager", mode="default").to_kwargs() == {
+        "backend": "eager"
+    }  # the code's values win over the variables
+    monkeypatch.delenv("ACCELERATE_DYNAMO_BACKEND")
+    assert accel.TorchDynamoPlugin().to_kwargs() == {"mode": "reduce-overhead"}
+
+
+def test_a_step_marked_overflowed_is_not_counted_by_the_scheduler() -> None:
+    acc = Accelerator(cpu=True)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda n: 1 - n / 10)
+    model, opt, sched = acc.prepare(model, opt, sched)
+    opt._is_overflow = False  # accelerate's name for step_was_skipped
+    sched.step()
+    assert sched.get_last_lr()[0] == pytest.approx(0.9)
+    opt._is_overflow = True
+    assert opt.step_was_skipped is True
+    sched.step()
+    assert sched.get_last_lr()[0] == pytest.approx(0.9)  # the skipped step is not counted

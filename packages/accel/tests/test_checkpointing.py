@@ -192,6 +192,21 @@ def test_skip_first_batches_after_load_state_does_not_skip_twice(tmp_path: Path)
     assert run(True) == full[3:]
 
 
+def test_load_state_into_a_loader_shorter_than_the_saved_position_is_an_error(
+    tmp_path: Path,
+) -> None:
+    acc = Accelerator(cpu=True)
+    loader = acc.prepare(DataLoader(IdData(16), batch_size=2))
+    for i, _ in enumerate(loader):
+        if i == 5:
+            acc.save_state(tmp_path / "ck")
+            break
+    acc2 = Accelerator(cpu=True)
+    acc2.prepare(DataLoader(IdData(6), batch_size=2))  # 3 batches now, 6 were yielded
+    with pytest.raises(ValueError, match="batch 6 of epoch 0: this loader has only 3 batches"):
+        acc2.load_state(tmp_path / "ck")
+
+
 def test_save_hooks_see_models_and_can_be_removed(tmp_path: Path) -> None:
     acc, model, opt = _simple(tmp_path)
     calls = []
@@ -374,3 +389,35 @@ def test_a_process_killed_during_an_async_save_leaves_the_previous_checkpoint(
         assert acc.load_state().endswith("checkpoint_0")
     torch.manual_seed(0)
     assert torch.equal(model.weight, nn.Linear(3, 2).weight)
+
+
+def test_save_model_of_an_offloaded_model_and_the_plain_torch_format(tmp_path: Path) -> None:
+    """Offloaded weights (meta in the model) are read from their offload; a .bin is a plain
+    state dict, as accelerate writes and reads it."""
+    from accel import load_checkpoint_and_dispatch
+
+    acc = Accelerator(cpu=True)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+    x = torch.randn(2, 3)
+    expected = model(x)
+    acc.save_model(model, tmp_path / "a", safe_serialization=False)
+    plain = torch.load(tmp_path / "a" / "pytorch_model.bin", weights_only=True)
+    assert sorted(plain) == sorted(model.state_dict())
+    load_checkpoint_and_dispatch(
+        model, tmp_path / "a", device_map={"0": "cpu", "1": "disk"}, offload_folder=tmp_path / "o"
+    )
+    acc.save_model(model, tmp_path / "b")
+    fresh = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+    load_checkpoint_and_dispatch(fresh, tmp_path / "b")
+    torch.testing.assert_close(fresh(x), expected)
+
+
+def test_registering_objects_without_state_names_each_by_index() -> None:
+    acc = Accelerator(cpu=True)
+    net = nn.Linear(2, 2)
+    with pytest.raises(ValueError) as err:
+        acc.register_for_checkpointing(torch.zeros(1), torch.ones(1), net, torch.optim.SGD(
+            net.parameters(), lr=0.1))  # fmt: skip
+    message = str(err.value)
+    assert "Item at index 0 (Tensor)" in message and "Item at index 1 (Tensor)" in message
+    assert "index 2" not in message and "index 3" not in message

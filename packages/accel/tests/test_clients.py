@@ -237,6 +237,14 @@ def _assert_same_outputs(flows: Path, tag: str) -> None:
 
 
 @needs_transformers
+def test_from_pretrained_device_map_auto_with_nothing_else(flows: Path) -> None:
+    # transformers measures the memory itself and passes float byte counts to accel
+    device_map = _json(flows, "bigmodel")["auto"]
+    assert "disk" not in device_map.values()  # all on one device: no map kept, as accelerate
+    _assert_same_outputs(flows, "auto")
+
+
+@needs_transformers
 def test_from_pretrained_device_map_auto_spills_to_disk(flows: Path) -> None:
     device_map = _json(flows, "bigmodel")["auto_disk"]
     assert "disk" in device_map.values() and "cpu" in device_map.values()

@@ -29,6 +29,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 SAMPLES, GLOBAL_BATCH, STEPS, LR, CLIP = 64, 16, 4, 1e-2, 0.05
+AUTO_CLIP = 1.0  # what gradient_clipping "auto" (a plain DeepSpeedPlugin) clips at
 EXTENSIONS = os.environ.get("TORCH_EXTENSIONS_DIR") or str(
     Path.home() / ".cache" / "torch_extensions"
 )
@@ -366,19 +367,21 @@ FP32 = {"rtol": 1e-5, "atol": 1e-6}
 
 
 def test_zero_1_2_3_on_two_processes_equal_one_process_plain_torch(launched):
-    expected = reference()["state"]
+    """A plain DeepSpeedPlugin clips at 1.0, as accelerate's does ("auto" gradient_clipping);
+    step 2's gradient norm (1.2) is above it, so the clipping shows in the weights."""
+    expected = reference(clip=AUTO_CLIP)["state"]
     for rank in launched["ranks"]:
         for name in ("zero1", "zero2", "zero3"):
             result = rank[name]
             if name != "zero3" or rank is launched["ranks"][0]:
                 _assert_close(result["state"], expected, **FP32)
             assert result["engine"] == "DeepSpeedEngine" and result["unwrapped"] == "Net"
-            assert result["config"]["gradient_clipping"] == 0.0  # never clipped unless asked
+            assert result["config"]["gradient_clipping"] == AUTO_CLIP
     assert launched["ranks"][1]["zero3"]["state"] == {}  # ZeRO-3 gathers on the main process
 
 
 def test_accumulation_of_two_equals_the_big_batch(launched):
-    expected = reference()["state"]
+    expected = reference(clip=AUTO_CLIP)["state"]
     result = launched["ranks"][0]["accumulate"]
     assert result["config"]["gradient_accumulation_steps"] == 2
     assert result["config"]["train_micro_batch_size_per_gpu"] == GLOBAL_BATCH // 4
@@ -397,7 +400,7 @@ def test_clip_grad_norm_returns_the_global_norm_and_clips_like_torch(launched):
 
 
 def test_zero3_init_partitions_and_full_weights_are_gathered(launched):
-    expected = reference()["state"]
+    expected = reference(clip=AUTO_CLIP)["state"]
     rank0, rank1 = (r["zero3"] for r in launched["ranks"])
     for r in (rank0, rank1):  # zero.Init: each process holds half of every parameter
         assert r["local_numel"] * 2 == pytest.approx(r["total_numel"], abs=16)
@@ -416,28 +419,28 @@ def test_auto_values_are_filled_from_the_run_and_reported(launched):
     assert config["train_micro_batch_size_per_gpu"] == GLOBAL_BATCH // 2
     assert config["train_batch_size"] == GLOBAL_BATCH
     assert config["gradient_accumulation_steps"] == 1
-    assert config["gradient_clipping"] == 0.0
+    assert config["gradient_clipping"] == AUTO_CLIP  # "auto": accelerate's 1.0
     assert config["bf16"]["enabled"] is False
     assert config["optimizer"]["params"] == {"lr": LR, "weight_decay": 0.01, "torch_adam": True}
     params = config["scheduler"]["params"]
     assert params["warmup_max_lr"] == LR and params["warmup_min_lr"] == 0.0
     assert params["warmup_num_steps"] == 3
     assert "DataLoader" in filled["train_micro_batch_size_per_gpu"][1]
-    assert "no clipping" in filled["gradient_clipping"][1]
+    assert "as accelerate does" in filled["gradient_clipping"][1]
     assert result["optimizer"] == "AdamW" and result["weight_decay"] == 0.01
     # the engine built its WarmupLR and stepped it once per optimizer step (DeepSpeed sets
     # lr(iteration 0) when it builds the schedule and again at its first step)
     lrs = result["lrs"]
     assert lrs == pytest.approx([0.0, 0.0, LR / 3, 2 * LR / 3])
     # torch's AdamW (weight_decay 0.01 by default) with the same lr per step: the same weights
-    _assert_close(result["state"], reference(lrs=lrs)["state"], **FP32)
+    _assert_close(result["state"], reference(lrs=lrs, clip=AUTO_CLIP)["state"], **FP32)
 
 
 def test_bf16_zero2_trains_close_to_fp32(launched):
     """bf16 weights in forward and backward with fp32 master weights: AdamW moves a weight
     by at most lr (1e-2) a step, so 4 steps bound any element's difference by 0.08; on
     average the two runs must agree far closer than that."""
-    expected = reference()["state"]
+    expected = reference(clip=AUTO_CLIP)["state"]
     result = launched["ranks"][0]["bf16"]
     assert result["mixed"] == "bf16" and result["config"]["bf16"]["enabled"] is True
     for k, v in expected.items():
@@ -448,7 +451,7 @@ def test_bf16_zero2_trains_close_to_fp32(launched):
 def test_several_models_with_their_own_plugins(launched):
     result = launched["ranks"][0]["plugins"]
     assert result["selected"] == [True, True] and result["teacher_stage"] == 3
-    _assert_close(result["state"], reference(teacher=True)["state"], **FP32)
+    _assert_close(result["state"], reference(teacher=True, clip=AUTO_CLIP)["state"], **FP32)
 
 
 def test_resume_under_accel_launch_equals_the_unbroken_run(launched):
@@ -468,7 +471,7 @@ def test_the_workers_ran_without_transformers(launched):
 def test_cpu_adam_offload_trains_like_adamw():
     """First run on a machine compiles DeepSpeed's CPU Adam (~45 s); then it is cached."""
     rank0, _ = run_distributed(_cpu_offload, world_size=2, timeout=600)
-    _assert_close(rank0["state"], reference()["state"], rtol=1e-4, atol=1e-5)
+    _assert_close(rank0["state"], reference(clip=AUTO_CLIP)["state"], rtol=1e-4, atol=1e-5)
     assert rank0["transformers"]
 
 
@@ -479,7 +482,7 @@ def test_plugin_fields_make_a_config_and_a_written_config_wins_or_conflicts(tmp_
     plugin = DeepSpeedPlugin(zero_stage=3, offload_param_device="cpu", zero3_save_16bit_model=True)
     zero = plugin.deepspeed_config["zero_optimization"]
     assert zero["stage"] == 3 and zero["offload_param"] == {"device": "cpu"}
-    assert plugin.deepspeed_config["gradient_clipping"] == "auto"  # filled with 0: no clipping
+    assert plugin.deepspeed_config["gradient_clipping"] == "auto"  # filled with 1.0
     assert plugin.zero3_save_16bit_model is True
     written = {"gradient_accumulation_steps": 4, "zero_optimization": {"stage": "2"}}
     path = tmp_path / "ds.json"

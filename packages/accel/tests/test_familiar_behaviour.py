@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -91,7 +93,7 @@ def test_rng_types_synchronize_the_named_generators_at_each_epoch_start():
         Accelerator(cpu=True, rng_types=["xla"])
 
 
-def test_compile_regions_compiles_each_repeated_block_in_place() -> None:
+def test_compile_regions_returns_a_twin_with_each_repeated_block_compiled() -> None:
     from torch import nn
 
     from accel.utils import compile_regions, has_compiled_regions
@@ -110,9 +112,14 @@ def test_compile_regions_compiles_each_repeated_block_in_place() -> None:
     model, x = Stack(), torch.randn(2, 4)
     expected, keys = model(x), list(model.state_dict())
     assert not has_compiled_regions(model)
-    assert compile_regions(model, backend="eager") is model  # blocks compiled, names kept
-    assert has_compiled_regions(model) and list(model.state_dict()) == keys
-    torch.testing.assert_close(model(x), expected)
+    model.forward = types.MethodType(type(model).forward, model)  # bound to the original
+    twin = compile_regions(model, backend="eager")
+    assert twin is not model and not has_compiled_regions(model)  # the original is untouched
+    assert has_compiled_regions(twin) and type(twin.blocks[0]).__name__ == "OptimizedModule"
+    assert twin.__dict__["forward"].__self__ is twin and twin._orig_mod is model
+    assert twin.blocks[0]._orig_mod.weight is model.blocks[0].weight  # the same parameters
+    assert list(model.state_dict()) == keys
+    torch.testing.assert_close(twin(x), expected)
 
 
 def test_gradient_state_is_one_shared_state_that_libraries_read() -> None:

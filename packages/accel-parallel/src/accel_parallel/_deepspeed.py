@@ -16,6 +16,7 @@ import importlib.util
 import json
 import logging
 import os
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,8 @@ class DeepSpeedStrategy(Strategy):
         self._schedulers_by_optimizer: dict[int, Any] = {}
         self._micro_batch: int | None = None
         self._accumulation_steps = 1
+        self._split_batches = False
+        self._auto_clipped: set[int] = set()  # engines whose gradient_clipping was "auto"
         self._sync: Callable[[], bool] = lambda: True
         self._clip: dict[int, float] = {}  # engine id -> max_norm for its next step
         self._keep: list[Any] = []
@@ -130,6 +133,7 @@ class DeepSpeedStrategy(Strategy):
             pick = min if self.active_plugin.is_train_batch_min else max
             self._micro_batch = pick(sizes)
         self._accumulation_steps = gradient_accumulation_steps
+        self._split_batches = split_batches
         if sync_gradients is not None:
             self._sync = sync_gradients
 
@@ -161,8 +165,9 @@ class DeepSpeedStrategy(Strategy):
         config = fill_auto(
             plugin, model=model, optimizer=optimizer, scheduler=scheduler,
             micro_batch=self._micro_batch, accumulation_steps=self._accumulation_steps,
-            data_parallel_size=self.data_parallel_size,
+            data_parallel_size=self.data_parallel_size, split_batches=self._split_batches,
         )  # fmt: skip
+        auto_clipped = "gradient_clipping" in plugin.filled
         if self.info.process_index == 0:
             filled = {k: f"{v!r} ({why})" for k, (v, why) in plugin.filled.items()}
             logger.info("DeepSpeed config: %s; filled: %s", json.dumps(config), filled)
@@ -181,6 +186,8 @@ class DeepSpeedStrategy(Strategy):
         if dtype is not None:
             engine.module.register_forward_pre_hook(cast_inputs(dtype), with_kwargs=True)
         self._engines.append(engine)
+        if auto_clipped:
+            self._auto_clipped.add(id(engine))
         new_optimizer = optimizer
         if optimizer is not None:
             if isinstance(optimizer, DummyOptim):
@@ -236,14 +243,23 @@ class DeepSpeedStrategy(Strategy):
         engine = self._engine_of(optimizer)
         zero = engine.optimizer
         max_norm = self._clip.pop(id(engine), None)
+        if max_norm is None:
+            engine.step()
+            return bool(engine.was_step_applied())
         saved = getattr(zero, "clip_grad", None)
-        if max_norm is not None and saved is not None:
+        config = getattr(engine, "_config", None)
+        saved_config = getattr(config, "gradient_clipping", None)
+        if saved is not None:
             zero.clip_grad = max_norm
+        if saved_config is not None:  # what the engine itself clips to (stage 0)
+            config.gradient_clipping = max_norm
         try:
             engine.step()
         finally:
-            if max_norm is not None and saved is not None:
+            if saved is not None:
                 zero.clip_grad = saved
+            if saved_config is not None:
+                config.gradient_clipping = saved_config
         return bool(engine.was_step_applied())
 
     def zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool = True) -> None:
@@ -262,7 +278,9 @@ class DeepSpeedStrategy(Strategy):
         params = list(parameters)
         engine = self._engine_of_params(params)
         configured = float(engine.gradient_clipping() or 0.0)
-        if configured > 0 and configured != float(max_norm):
+        if configured > 0 and configured != float(max_norm) and id(engine) in self._auto_clipped:
+            _warn_loop_clip_wins(configured, float(max_norm))
+        elif configured > 0 and configured != float(max_norm):
             raise ValueError(
                 f"clip_grad_norm_(max_norm={max_norm}) but the DeepSpeed config clips every step "
                 f"at gradient_clipping={configured}; use one value, or remove gradient_clipping "
@@ -281,6 +299,7 @@ class DeepSpeedStrategy(Strategy):
                 f"gradient_clipping in the DeepSpeed config instead."
             )
         else:  # stage 0 in fp32: plain gradients, already reduced by the engine's backward
+            self._clip[id(engine)] = float(max_norm)  # the engine's own clipping agrees
             return nn.utils.clip_grad_norm_(params, max_norm, norm_type=2.0)
         self._clip[id(engine)] = float(max_norm)
         scale = float(getattr(zero, "loss_scale", 1.0) or 1.0)
@@ -424,3 +443,20 @@ def _module(model: Any) -> nn.Module:
 def _base_optimizer(engine: Any) -> Any:
     zero = engine.optimizer
     return getattr(zero, "optimizer", zero)
+
+
+_warned_clip: set[tuple[float, float]] = set()
+
+
+def _warn_loop_clip_wins(configured: float, max_norm: float) -> None:
+    """The loop's clip_grad_norm_ is more specific than a config's "auto": it wins, once said."""
+    if (configured, max_norm) in _warned_clip:
+        return
+    _warned_clip.add((configured, max_norm))
+    warnings.warn(
+        f'the DeepSpeed config\'s gradient_clipping "auto" was filled with {configured}, and the '
+        f"loop calls clip_grad_norm_(max_norm={max_norm}): the steps after that call clip at "
+        f"{max_norm}, the others at {configured}. Write gradient_clipping in the config (or "
+        f"DeepSpeedPlugin(gradient_clipping=...)) to choose one value.",
+        stacklevel=3,
+    )

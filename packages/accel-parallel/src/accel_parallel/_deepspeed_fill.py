@@ -7,6 +7,7 @@ entry is never changed, and one that contradicts the run is an error naming both
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from torch import nn
@@ -19,6 +20,7 @@ _HIDDEN_SIZE_KEYS = {
     "zero_optimization.stage3_param_persistence_threshold": lambda h: 10 * h,
 }
 _SCHEDULER_LR_KEYS = ("warmup_max_lr", "max_lr", "lr")
+AUTO_GRADIENT_CLIPPING = 1.0  # what "gradient_clipping": "auto" means, in accelerate as here
 
 
 def fill_auto(
@@ -30,8 +32,11 @@ def fill_auto(
     micro_batch: int | None,
     accumulation_steps: int,
     data_parallel_size: int,
+    split_batches: bool = False,
 ) -> dict[str, Any]:
-    """Fill `plugin.deepspeed_config` in place for one engine and return it."""
+    """Fill `plugin.deepspeed_config` in place for one engine and return it.
+
+    The rules are accelerate's, so a config written for it trains the same here."""
     fill = plugin.fill_match
     fill(
         "gradient_accumulation_steps",
@@ -39,18 +44,27 @@ def fill_auto(
         gradient_accumulation_steps=accumulation_steps,
     )
     _fill_batch(plugin, micro_batch, accumulation_steps, data_parallel_size)
-    if plugin.is_auto("gradient_clipping") or plugin.get_value("gradient_clipping") is None:
+    if plugin.is_auto("gradient_clipping"):
         fill(
             "gradient_clipping",
-            source="no clipping unless asked (DeepSpeedPlugin.gradient_clipping or "
-            "accelerator.clip_grad_norm_)",
+            source=f'"auto" clips at {AUTO_GRADIENT_CLIPPING}, as accelerate does (write a '
+            "number, or DeepSpeedPlugin(gradient_clipping=0.0) for no clipping)",
+            gradient_clipping=AUTO_GRADIENT_CLIPPING,
+        )
+    elif plugin.get_value("gradient_clipping") is None:
+        fill(
+            "gradient_clipping",
+            source="absent from the config: no clipping (DeepSpeed's default)",
             gradient_clipping=0.0,
         )
     key = "zero_optimization.stage3_gather_16bit_weights_on_model_save"
     if plugin.is_auto(key):
         fill(key, source="DeepSpeedPlugin.zero3_save_16bit_model", **{key: False})
     _fill_optimizer(plugin, optimizer)
-    _fill_scheduler(plugin, optimizer, scheduler)
+    # a DummyScheduler's total_num_steps counts batches of the whole loader; each process
+    # steps through its shard of it, unless the batches are split
+    shards = 1 if split_batches else data_parallel_size
+    _fill_scheduler(plugin, optimizer, scheduler, shards)
     _fill_hidden_size(plugin, model)
     left = _auto_keys(plugin.deepspeed_config)
     if left:
@@ -107,7 +121,7 @@ def _fill_optimizer(plugin: DeepSpeedPlugin, optimizer: Any) -> None:
         )
 
 
-def _fill_scheduler(plugin: DeepSpeedPlugin, optimizer: Any, scheduler: Any) -> None:
+def _fill_scheduler(plugin: DeepSpeedPlugin, optimizer: Any, scheduler: Any, shards: int) -> None:
     section = plugin.get_value("scheduler")
     if isinstance(scheduler, DummyScheduler):
         if scheduler.lr_scheduler_callable is not None:
@@ -126,7 +140,7 @@ def _fill_scheduler(plugin: DeepSpeedPlugin, optimizer: Any, scheduler: Any) -> 
             **scheduler.kwargs,
         }
         if scheduler.total_num_steps is not None:
-            values["total_num_steps"] = int(scheduler.total_num_steps)
+            values["total_num_steps"] = math.ceil(int(scheduler.total_num_steps) / shards)
         params = section.get("params", {})
         for name, value in values.items():
             if name in params:

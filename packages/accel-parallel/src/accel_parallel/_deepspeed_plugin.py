@@ -183,8 +183,8 @@ class DeepSpeedPlugin:
       without one a config is made from the fields below.
     - zero_stage: 0, 1, 2 (default) or 3.
     - gradient_accumulation_steps: must agree with the Accelerator's (None: the Accelerator's).
-    - gradient_clipping: clip every step to this norm (None: clip only where the loop calls
-      `accelerator.clip_grad_norm_`; DeepSpeed's "auto" is filled with 0, no clipping).
+    - gradient_clipping: clip every step to this norm; 0.0: no clipping. None or "auto":
+      1.0, as accelerate fills it (a loop's `clip_grad_norm_(max_norm)` wins, with a warning).
     - offload_optimizer_device / offload_param_device: "none", "cpu" or "nvme" (with
       offload_optimizer_nvme_path / offload_param_nvme_path); parameters only under ZeRO-3.
     - zero3_init_flag: `zero3_init()` partitions parameters as the model is built (ZeRO-3).

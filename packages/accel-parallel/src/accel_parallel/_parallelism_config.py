@@ -2,7 +2,8 @@
 
 Dimensions (accelerate's names), outermost first: ``dp_replicate`` (replicas of the whole
 model: HSDP's outer dimension, or DDP), ``dp_shard`` (FSDP2 shards parameters over it),
-``cp`` (context parallel: the sequence is split over it), ``tp`` (tensor parallel: each
+``cp`` (context parallel: the sequence is split over it), ``sp`` (DeepSpeed's sequence
+parallel: carried and validated, refused for training), ``tp`` (tensor parallel: each
 weight is split over it). Only the dimensions larger than one are in the mesh; the flattened
 sub-meshes ``dp`` (dp_replicate x dp_shard), ``dp_shard_cp`` (what FSDP2 shards over) and
 ``dp_cp`` (what a loss is averaged over) are added when their dimensions exist.
@@ -17,6 +18,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from accel_parallel._sequence_parallel import DeepSpeedSequenceParallelConfig
+
 # The environment variables accelerate's launcher sets for its workers (read only by
 # `ParallelismConfig.from_environment`, given the mapping to read).
 ENV_USE_PARALLELISM_CONFIG = "ACCELERATE_USE_PARALLELISM_CONFIG"
@@ -27,8 +30,11 @@ ENV_TP_SIZE = "PARALLELISM_CONFIG_TP_SIZE"
 ENV_CP_SIZE = "PARALLELISM_CONFIG_CP_SIZE"
 ENV_CP_COMM_STRATEGY = "PARALLELISM_CONFIG_CP_COMM_STRATEGY"
 
-MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "tp")
+MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
 _SIZES = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size")
+# The fields a ParallelismConfig fills when left unset (None), with accel's defaults.
+_DEFAULTS = {"dp_replicate_size": 1, "dp_shard_size": 1, "tp_size": 1, "cp_size": 1,
+             "cp_backend": "torch", "sp_size": 1, "sp_backend": "deepspeed"}  # fmt: skip
 _CP_STRATEGIES = ("allgather", "alltoall")
 # Keys of the launch section (`parallelism_config:` in an accelerate config file, or the
 # --parallelism_config_* flags) that ask for something accel does not provide.
@@ -53,12 +59,19 @@ class TorchContextParallelConfig:
     """Context-parallel options: how the ring attention exchanges keys and values,
     ``"allgather"`` (all of them, then attend) or ``"alltoall"`` (rotate round the ring)."""
 
-    cp_comm_strategy: str = "allgather"
+    cp_comm_strategy: str | None = None
+
+    def _default_strategy(self) -> str:
+        """The strategy when none is given; accel's familiar-path subclass reads
+        accelerate's environment variable here."""
+        return "allgather"
 
     def __post_init__(self) -> None:
+        if self.cp_comm_strategy is None:
+            object.__setattr__(self, "cp_comm_strategy", self._default_strategy())
         if self.cp_comm_strategy not in _CP_STRATEGIES:
             raise ValueError(
-                f"cp_comm_strategy={self.cp_comm_strategy!r}: expected one of "
+                f"Invalid cp_comm_strategy: {self.cp_comm_strategy}; expected one of "
                 f"{list(_CP_STRATEGIES)}."
             )
 
@@ -87,7 +100,7 @@ class TorchTensorParallelPlugin:
         return ParallelismConfig(dp_shard_size=world_size // self.tp_size, tp_size=self.tp_size)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True)
 class ParallelismConfig:
     """How many ways each parallel dimension splits the processes (see the module docstring).
 
@@ -96,37 +109,73 @@ class ParallelismConfig:
     data-parallel replicas (DDP). ``tp_plan`` (accel's addition) is the tensor-parallel plan
     for models that do not declare one: module-name pattern (``*`` is one name part) ->
     ``"colwise"``, ``"rowwise"``, ``"sequence_parallel"``, ``"replicate"`` (and transformers'
-    other names) or a torch ``ParallelStyle``.
+    other names) or a torch ``ParallelStyle``. The fields are in accelerate's order, so
+    positional arguments mean what they mean there. ``sp_size`` / ``sp_backend`` /
+    ``sp_handler`` (DeepSpeed's sequence parallel) are validated and carried; `resolved`
+    refuses ``sp_size > 1``, which accel does not train with.
     """
 
     dp_replicate_size: int | None = None
     dp_shard_size: int | None = None
     tp_size: int | None = None
     cp_size: int | None = None
+    cp_backend: str | None = None
+    sp_size: int | None = None
+    sp_backend: str | None = None
     tp_handler: TorchTensorParallelConfig | None = None
     cp_handler: TorchContextParallelConfig | None = None
+    sp_handler: DeepSpeedSequenceParallelConfig | None = None
     tp_plan: Mapping[str, Any] | None = None
 
+    def _default(self, name: str) -> Any:
+        """The value of a field left unset (None); accel's familiar-path subclass reads
+        accelerate's PARALLELISM_CONFIG_* variables here."""
+        return _DEFAULTS[name]
+
+    def _default_handler(self, name: str) -> Any:
+        """The handler made for an enabled dimension given none (``"tp"``, ``"cp"``, ``"sp"``)."""
+        kinds = {"tp": TorchTensorParallelConfig, "cp": TorchContextParallelConfig,
+                 "sp": DeepSpeedSequenceParallelConfig}  # fmt: skip
+        return kinds[name]()
+
     def __post_init__(self) -> None:
-        for name in _SIZES:
+        for name in _DEFAULTS:
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, self._default(name))
+        for name in (*_SIZES, "sp_size"):
             value = getattr(self, name)
-            if value is None:
-                object.__setattr__(self, name, 1)
-            elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(
                     f"ParallelismConfig.{name}={value!r}: expected a whole number >= 1."
                 )
+        for name, accepted in (("cp_backend", "torch"), ("sp_backend", "deepspeed")):
+            if getattr(self, name) != accepted:
+                raise ValueError(
+                    f"ParallelismConfig.{name}={getattr(self, name)!r}: the one backend is "
+                    f"{accepted!r}."
+                )
         for size, field in (("tp_size", "tp_handler"), ("tp_size", "tp_plan"),
-                            ("cp_size", "cp_handler")):  # fmt: skip
+                            ("cp_size", "cp_handler"), ("sp_size", "sp_handler")):  # fmt: skip
             if getattr(self, field) is not None and getattr(self, size) == 1:
                 raise ValueError(
                     f"ParallelismConfig({field}=...) with {size}=1: it would do nothing. Set "
                     f"{size} > 1, or drop {field}."
                 )
-        if self.tp_size > 1 and self.tp_handler is None:
-            object.__setattr__(self, "tp_handler", TorchTensorParallelConfig())
-        if self.cp_size > 1 and self.cp_handler is None:
-            object.__setattr__(self, "cp_handler", TorchContextParallelConfig())
+        for dim in ("tp", "cp", "sp"):
+            if getattr(self, f"{dim}_size") > 1 and getattr(self, f"{dim}_handler") is None:
+                object.__setattr__(self, f"{dim}_handler", self._default_handler(dim))
+        if self.cp_handler is not None and not isinstance(
+            self.cp_handler, TorchContextParallelConfig
+        ):
+            raise ValueError(
+                f"ParallelismConfig(cp_backend='torch') takes a TorchContextParallelConfig "
+                f"as cp_handler, not {type(self.cp_handler).__name__}."
+            )
+        if self.cp_size > 1 and self.sp_size > 1:
+            raise ValueError(
+                f"ParallelismConfig(cp_size={self.cp_size}, sp_size={self.sp_size}): context "
+                f"parallel and sequence parallel split the same sequence; set one of them to 1."
+            )
         if (
             (self.tp_size > 1 or self.cp_size > 1)
             and self.dp_replicate_enabled
@@ -148,11 +197,12 @@ class ParallelismConfig:
     dp_shard_enabled = property(lambda self: self.dp_shard_size > 1)
     tp_enabled = property(lambda self: self.tp_size > 1)
     cp_enabled = property(lambda self: self.cp_size > 1)
+    sp_enabled = property(lambda self: self.sp_size > 1)
     total_size = property(
-        lambda self: self.dp_replicate_size * self.dp_shard_size * self.tp_size * self.cp_size
+        lambda self: self.data_parallel_size * self.non_data_parallel_size
     )
     data_parallel_size = property(lambda self: self.dp_replicate_size * self.dp_shard_size)
-    non_data_parallel_size = property(lambda self: self.tp_size * self.cp_size)
+    non_data_parallel_size = property(lambda self: self.tp_size * self.cp_size * self.sp_size)
 
     def _enabled(self, *dims: str) -> list[str]:
         return [d for d in dims if getattr(self, f"{d}_size") > 1]
@@ -165,7 +215,7 @@ class ParallelismConfig:
     @property
     def non_dp_dim_names(self) -> list[str]:
         """Enabled dimensions whose ranks see the same batch."""
-        return self._enabled("tp", "cp")
+        return self._enabled("tp", "cp", "sp")
 
     @property
     def dp_shard_cp_dim_names(self) -> list[str]:
@@ -198,7 +248,14 @@ class ParallelismConfig:
     # -- checks and the mesh -----------------------------------------------------------------
     def resolved(self, world_size: int) -> ParallelismConfig:
         """This configuration for `world_size` processes: every size left at 1 on several
-        processes means plain data parallel; otherwise the product must equal `world_size`."""
+        processes means plain data parallel; otherwise the product must equal `world_size`.
+        Sequence parallel (``sp_size > 1``) is refused here, where a run would use it."""
+        if self.sp_enabled:
+            raise ValueError(
+                f"ParallelismConfig(sp_size={self.sp_size}): sequence parallel is DeepSpeed's "
+                f"Ulysses/ALST, which accel does not train with. Use cp_size={self.sp_size} "
+                f"(torch context parallel) or sp_size=1."
+            )
         if self.total_size == 1 and world_size > 1:
             return dataclasses.replace(self, dp_replicate_size=world_size)
         if self.total_size != world_size:
@@ -210,20 +267,30 @@ class ParallelismConfig:
             )
         return self
 
+    def _get_mesh(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """(the enabled dimension names, their sizes), outermost first: what
+        `build_device_mesh` hands `init_device_mesh`."""
+        dims = tuple(self.active_mesh_dims)
+        return dims, tuple(getattr(self, f"{d}_size") for d in dims)
+
     def build_device_mesh(self, device_type: str) -> Any:
-        """Build the mesh over every process (the default process group must exist), with
-        the flattened sub-meshes ``dp``, ``dp_shard_cp`` and ``dp_cp``. None when every
-        dimension is 1 (a single process)."""
+        """Build the mesh over every process, with the flattened sub-meshes ``dp``,
+        ``dp_shard_cp`` and ``dp_cp`` (sliced by the lists of their dimension names). None
+        when every dimension is 1, or under DeepSpeed's sequence parallel (which makes its
+        own groups). The sizes must multiply to the default process group's size, checked
+        before the mesh is made where that group exists, else once `init_device_mesh` made it."""
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
 
-        dims = self.active_mesh_dims
-        if not dims:
+        dims, shape = self._get_mesh()
+        if not dims or self.sp_enabled:
             return None
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        self.resolved(world)
-        shape = tuple(getattr(self, f"{d}_size") for d in dims)
-        mesh = init_device_mesh(device_type, shape, mesh_dim_names=tuple(dims))
+        had_group = dist.is_initialized()
+        if had_group:
+            self.resolved(dist.get_world_size())
+        mesh = init_device_mesh(device_type, shape, mesh_dim_names=dims)
+        if not had_group and dist.is_initialized():
+            self.resolved(dist.get_world_size())
         flat = {}
         for name, parts in (
             ("dp", self.dp_dim_names),
@@ -231,7 +298,7 @@ class ParallelismConfig:
             ("dp_cp", self.dp_cp_dim_names),
         ):
             if parts:
-                flat[name] = mesh[tuple(parts)]._flatten(name)
+                flat[name] = mesh[parts]._flatten(name)
         object.__setattr__(self, "_flat", flat)
         object.__setattr__(self, "_mesh", mesh)
         return mesh

@@ -17,6 +17,7 @@ from accel_precision._forward import (
 from accel_precision._fp8 import MIN_FP8_CAPABILITY, check_fp8_support, resolve_fp8_backend
 from accel_precision._fp8_ao import (
     ao_float8_filter,
+    convert_model_to_fp8_ao,
     convert_to_ao_float8,
     has_ao_float8_layers,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "TERecipeKwargs",
     "ao_float8_filter",
     "check_fp8_support",
+    "convert_model_to_fp8_ao",
     "convert_outputs_to_fp32",
     "convert_to_ao_float8",
     "convert_to_te",

@@ -92,6 +92,21 @@ def convert_to_ao_float8(model: M, kwargs: AORecipeKwargs | None = None) -> M:
     return out
 
 
+def convert_model_to_fp8_ao(
+    model: M,
+    config: object | None = None,
+    module_filter_func: Callable[[torch.nn.Module, str], bool] | None = None,
+) -> M:
+    """accelerate's form of the conversion, in place: every `nn.Linear` whose features are
+    divisible by 16, except the first and last linear layers; `module_filter_func` replaces
+    that rule when given, and `config` is torchao's `Float8LinearConfig` (its default: None).
+    No minimum size applies here (AORecipeKwargs.min_features is the Accelerator's rule)."""
+    float8 = import_torchao_float8()
+    keep = module_filter_func or ao_float8_filter(model, AORecipeKwargs(min_features=0))
+    float8.convert_to_float8_training(model, module_filter_fn=keep, config=config)
+    return model
+
+
 def has_ao_float8_layers(model: torch.nn.Module) -> bool:
     """Whether any layer of `model` is a torchao `Float8Linear` (False when torchao is absent)."""
     try:

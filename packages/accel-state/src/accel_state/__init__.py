@@ -14,6 +14,8 @@ from accel_state._enums import (
 )
 from accel_state._environment import LaunchInfo, detect_launch, first_slurm_host
 from accel_state._ops import (
+    CannotPadNestedTensorWarning,
+    DistributedOperationException,
     broadcast,
     broadcast_object_list,
     concatenate,
@@ -47,6 +49,8 @@ from accel_state._state import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "CannotPadNestedTensorWarning",
+    "DistributedOperationException",
     "DistributedType",
     "InitProcessGroupKwargs",
     "LaunchInfo",

@@ -27,9 +27,12 @@ class DistributedType(_StrEnum):
     MULTI_MLU = "MULTI_MLU"
     MULTI_MUSA = "MULTI_MUSA"
     MULTI_HPU = "MULTI_HPU"
+    MULTI_SDAA = "MULTI_SDAA"
+    MULTI_NEURON = "MULTI_NEURON"
     DEEPSPEED = "DEEPSPEED"
     FSDP = "FSDP"
     XLA = "XLA"
+    MEGATRON_LM = "MEGATRON_LM"  # named for accelerate's scripts; accel runs no Megatron-LM
 
 
 class PrecisionType(_StrEnum):
@@ -51,11 +54,21 @@ class RNGType(_StrEnum):
     TORCH = "torch"
     CUDA = "cuda"
     GENERATOR = "generator"
+    # the generator of another accelerator's device, synchronized like CUDA's
+    MLU = "mlu"
+    SDAA = "sdaa"
+    MUSA = "musa"
+    NPU = "npu"
+    XPU = "xpu"
+    HPU = "hpu"
+    NEURON = "neuron"
+    XLA = "xla"  # TPU/XLA is not provided: using it is an error
 
 
 class ReduceOp(_StrEnum):
     SUM = "sum"
     MEAN = "mean"
+    MAX = "max"
 
 
 class LoggerType(_StrEnum):
@@ -80,5 +93,7 @@ MULTI_DEVICE_TYPES: dict[str, DistributedType] = {
     "mlu": DistributedType.MULTI_MLU,
     "musa": DistributedType.MULTI_MUSA,
     "hpu": DistributedType.MULTI_HPU,
+    "sdaa": DistributedType.MULTI_SDAA,
+    "neuron": DistributedType.MULTI_NEURON,
     "cpu": DistributedType.MULTI_CPU,
 }

@@ -51,6 +51,10 @@ ENV_MV2_LOCAL_RANK = "MV2_COMM_WORLD_LOCAL_RANK"
 # The resolved configuration that `accel launch` hands to its workers (a JSON document).
 ENV_ACCEL_CONFIG = "ACCEL_LAUNCH_CONFIG"
 
+# accelerate's variable naming the device outright (e.g. "cuda:1", "cpu"); it wins over the
+# device accel would pick, as in accelerate.
+ENV_TORCH_DEVICE = "ACCELERATE_TORCH_DEVICE"
+
 DEFAULT_MASTER_PORT = 29500
 
 
@@ -169,3 +173,9 @@ def launch_config(environ: Mapping[str, str] | None = None) -> str | None:
     """The JSON configuration handed down by `accel launch`, if any."""
     env = os.environ if environ is None else environ
     return env.get(ENV_ACCEL_CONFIG) or None
+
+
+def device_override(environ: Mapping[str, str] | None = None) -> str | None:
+    """The device ACCELERATE_TORCH_DEVICE names, or None where it is unset or empty."""
+    value = (os.environ if environ is None else environ).get(ENV_TORCH_DEVICE, "").strip()
+    return value or None

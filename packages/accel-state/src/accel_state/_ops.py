@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -65,8 +66,9 @@ def recursively_apply(
             return type(obj)(**fields)
         if error_on_other_type:
             raise TypeError(
-                f"Cannot apply {getattr(func, '__name__', func)} to {type(obj).__name__}: only "
-                f"nested lists, tuples, dicts and dataclasses of tensors are supported."
+                f"Unsupported types ({type(obj)}) passed to `{getattr(func, '__name__', func)}`. "
+                f"Only nested list/tuple/dicts of objects that are valid for "
+                f"`{getattr(test_type, '__name__', test_type)}` should be passed."
             )
         return obj
 
@@ -114,6 +116,11 @@ def send_to_device(
 
 # Read on each collective: "1"/"true"/"yes"/"on" switches the shape checks on.
 ENV_DEBUG_MODE = "ACCEL_DEBUG_MODE"
+ENV_ACCELERATE_DEBUG_MODE = "ACCELERATE_DEBUG_MODE"  # what `accelerate launch --debug` sets
+
+
+class CannotPadNestedTensorWarning(UserWarning):
+    """pad_across_processes was given a nested tensor, which it returns unpadded."""
 
 
 class DistributedOperationException(RuntimeError):
@@ -121,8 +128,15 @@ class DistributedOperationException(RuntimeError):
 
 
 def debug_mode() -> bool:
-    """Whether collectives check shapes across processes first (`ACCEL_DEBUG_MODE`)."""
-    return os.environ.get(ENV_DEBUG_MODE, "").strip().lower() in ("1", "true", "yes", "on")
+    """Whether collectives check shapes across processes first: `PartialState().debug` where
+    the code set it, else `ACCEL_DEBUG_MODE` (or accelerate's `ACCELERATE_DEBUG_MODE`)."""
+    from accel_state._state import PartialState
+
+    chosen = PartialState._notes.get("debug")
+    if chosen is not None:
+        return bool(chosen)
+    names = (ENV_DEBUG_MODE, ENV_ACCELERATE_DEBUG_MODE)
+    return any(os.environ.get(n, "").strip().lower() in ("1", "true", "yes", "on") for n in names)
 
 
 Shapes = list[tuple[int, ...]]
@@ -258,12 +272,12 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
 
 
 def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0, *, group: Any = None) -> Any:
-    """Sum or average each tensor across processes (of `group`, default all); returns new
-    tensors, inputs are untouched."""
+    """Sum, average or take the maximum of each tensor across processes (of `group`, default
+    all); returns new tensors, inputs are untouched."""
     import torch.distributed as dist
 
-    if reduction not in ("sum", "mean", "none"):
-        raise ValueError(f"reduction={reduction!r}: expected 'sum', 'mean' or 'none'.")
+    if reduction not in ("sum", "mean", "max", "none"):
+        raise ValueError(f"reduction={reduction!r}: expected 'sum', 'mean', 'max' or 'none'.")
     world = _world(group)
     if world > 1 and reduction != "none":
         _verify("reduce", tensor)
@@ -271,7 +285,8 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0, *, group: A
     def one(t: torch.Tensor) -> torch.Tensor:
         out = t.clone()
         if world > 1 and reduction != "none":
-            dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
+            op = dist.ReduceOp.MAX if reduction == "max" else dist.ReduceOp.SUM
+            dist.all_reduce(out, op=op, group=group)
             if reduction == "mean":
                 out = out / world if not out.is_floating_point() else out.div_(world)
         return out * scale if scale != 1.0 else out
@@ -285,6 +300,13 @@ def pad_across_processes(
     """Pad each tensor along `dim` to the largest size any process holds."""
     import torch.distributed as dist
 
+    if isinstance(tensor, torch.Tensor) and tensor.is_nested:
+        warnings.warn(
+            "pad_across_processes cannot pad a nested tensor; it is returned unchanged.",
+            CannotPadNestedTensorWarning,
+            stacklevel=2,
+        )
+        return tensor
     if _world() == 1:
         return tensor
     _verify("pad_across_processes", tensor, dim)
@@ -315,6 +337,8 @@ def concatenate(data: Sequence[Any], dim: int = 0) -> Any:
     """Concatenate a list of structures with the same shape, leaf by leaf."""
     if not data:
         raise ValueError("concatenate needs at least one structure.")
+    if len(data) == 1:  # one batch: nothing to join, whatever it holds
+        return data[0]
     first = data[0]
     if isinstance(first, (list, tuple)):
         return honor_type(

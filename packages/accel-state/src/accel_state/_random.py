@@ -81,6 +81,11 @@ def _comm_device() -> torch.device:
     return PartialState().device
 
 
+_DEVICE_KINDS = frozenset(RNGType) - {
+    RNGType.TORCH, RNGType.GENERATOR, RNGType.PYTHON, RNGType.NUMPY, RNGType.XLA
+}  # fmt: skip
+
+
 def synchronize_rng_state(
     rng_type: str | RNGType, generator: torch.Generator | None = None
 ) -> None:
@@ -93,7 +98,12 @@ def synchronize_rng_state(
     device = _comm_device()
     if kind is RNGType.TORCH:
         torch.set_rng_state(_broadcast_state(torch.get_rng_state(), device))
-    elif kind is RNGType.CUDA:
+    elif kind is RNGType.XLA:
+        raise ValueError(
+            "synchronize_rng_state('xla'): TPU/XLA is not provided by accel; use the generator "
+            "of the device this run has ('cuda', 'xpu', ...) or 'torch'."
+        )
+    elif kind in _DEVICE_KINDS:
         module = _accelerator_module()
         if module is not None:
             module.set_rng_state(_broadcast_state(module.get_rng_state(), device))

@@ -18,6 +18,7 @@ from accel_state._environment import (
     ENV_ACCEL_CONFIG,
     LaunchInfo,
     detect_launch,
+    device_override,
     launch_config,
 )
 
@@ -107,6 +108,15 @@ def _accelerator_type() -> str | None:
 
 
 def _pick_device(cpu: bool, local_rank: int, world_size: int) -> torch.device:
+    named = device_override()
+    if named is not None:
+        try:
+            return torch.device(named)
+        except RuntimeError:
+            raise ValueError(
+                f"ACCELERATE_TORCH_DEVICE={named!r} is not a torch device; write one such as "
+                f"'cuda:0', 'xpu' or 'cpu', or unset it to let accel pick the device."
+            ) from None
     kind = None if cpu else _accelerator_type()
     if kind is None:
         return torch.device("cpu")
@@ -139,6 +149,16 @@ def _pick_backend(device: torch.device, requested: str | None) -> str:
     return requested
 
 
+class _SharedStateView:
+    """`PartialState._shared_state`, the name accelerate's tests read: empty before the first
+    PartialState (nothing initialized), the topology after. A copy; writing to it changes
+    nothing."""
+
+    def __get__(self, obj: object, owner: type | None = None) -> dict[str, Any]:
+        topo = PartialState._topology
+        return {} if topo is None else {"topology": topo}
+
+
 class PartialState(ProcessControl):
     """The process topology: rank, world size, device, backend; made once per process.
 
@@ -150,6 +170,8 @@ class PartialState(ProcessControl):
     """
 
     _topology: ClassVar[Topology | None] = None
+    _notes: ClassVar[dict[str, Any]] = {}
+    _shared_state = _SharedStateView()
 
     def __init__(
         self,
@@ -195,15 +217,37 @@ class PartialState(ProcessControl):
                 )
 
     def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(
-            f"PartialState is immutable (tried to set {name!r}). Pass the value when creating the "
-            f"first PartialState, or call PartialState._reset_state() in tests."
-        )
+        """The topology is immutable; other names are the caller's own notes, shared by every
+        instance (as accelerate's states share theirs) until the next `_reset_state`."""
+        if hasattr(type(self), name):
+            raise AttributeError(
+                f"PartialState is immutable (tried to set {name!r}). Pass the value when "
+                f"creating the first PartialState, or call PartialState._reset_state() in tests."
+            )
+        PartialState._notes[name] = value
+
+    def __getattr__(self, name: str) -> Any:
+        notes = PartialState._notes
+        if name in notes:
+            return notes[name]
+        if name == "debug":  # accelerate's flag: collectives check shapes first
+            from accel_state._ops import debug_mode
+
+            return debug_mode()
+        cls = type(self).__name__
+        if PartialState._topology is None and hasattr(type(self), name):  # a property failed
+            raise AttributeError(
+                f"`{cls}` object has no attribute `{name}`. This happens if "
+                f"`{cls}._reset_state()` was called and an `Accelerator` or `PartialState` was "
+                f"not made again afterwards; create one before using the state."
+            )
+        raise AttributeError(f"{cls!r} object has no attribute {name!r}")
 
     @classmethod
     def _reset_state(cls, destroy_process_group: bool = False) -> None:
         """Forget the topology (tests). Optionally destroy the process group too."""
         cls._topology = None
+        PartialState._notes = {}
         resolved_launch_config.cache_clear()
         if destroy_process_group:
             import torch.distributed as dist
@@ -219,9 +263,7 @@ class PartialState(ProcessControl):
     def topology(self) -> Topology:
         topo = PartialState._topology
         if topo is None:  # reset after this instance was made
-            PartialState._topology = topo = _build_topology(
-                None, None, InitProcessGroupKwargs(), None, None, None
-            )
+            raise AttributeError("topology")  # __getattr__ words it, naming the attribute
         return topo
 
     # The familiar attributes.

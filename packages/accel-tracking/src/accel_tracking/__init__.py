@@ -15,6 +15,7 @@ from accel_tracking._jsonl import JSONLTracker, read_jsonl
 from accel_tracking._mlflow import MLflowTracker
 from accel_tracking._plot import jsonl_figure, plot_jsonl, scalar_series
 from accel_tracking._registry import (
+    TRACKER_CLASSES,
     available_trackers,
     filter_trackers,
     get_tracker,
@@ -32,6 +33,7 @@ from accel_tracking._wandb import WandBTracker
 __version__ = "0.1.0"
 
 __all__ = [
+    "TRACKER_CLASSES",
     "AimTracker",
     "ClearMLTracker",
     "CometMLTracker",

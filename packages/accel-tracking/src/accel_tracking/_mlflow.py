@@ -1,48 +1,80 @@
-"""MLflow, through an `MlflowClient` bound to one tracking URI.
+"""MLflow, through MLflow's own module functions on the run the tracker starts.
 
-The client API is used instead of the global "active run" so that the tracker sets no
-process-wide MLflow state. To use MLflow's own functions on the same run, wrap them in
-``mlflow.start_run(run_id=tracker.run_id)``.
-
-The tracking URI is `tracking_uri`, else `logging_dir`, else MLflow's default
-(``MLFLOW_TRACKING_URI``). MLflow 3 refuses a plain file store unless
-``MLFLOW_ALLOW_FILE_STORE=true`` is set; a ``sqlite:///`` URI needs SQLAlchemy installed.
+`start()` makes the tracker's run MLflow's active run (``mlflow.start_run``), as accelerate
+does, so ``mlflow.log_*`` calls in user code land in the same run; `finish()` ends it. Runs
+are stored at MLflow's tracking URI (``MLFLOW_TRACKING_URI`` or ``mlflow.set_tracking_uri``);
+`logging_dir` is where a newly created experiment keeps its artifacts. MLflow 3 refuses a
+plain file store unless ``MLFLOW_ALLOW_FILE_STORE=true`` is set.
 """
 
 from __future__ import annotations
 
+import importlib
+import json
 import os
 import re
-import time
 import warnings
 from collections.abc import Mapping
 from typing import Any
 
 from accel_tracking._base import GeneralTracker, import_optional
-from accel_tracking._values import coerce_step, param_values, scalar_values, warn_once
+from accel_tracking._values import coerce_step, scalar_values, to_python_tree, warn_once
 
-# MLflow's limits (mlflow.utils.validation); kept here so the tracker does not import internals.
+# The environment variables read when the tracker is made; each wins over its argument.
+ENV_EXPERIMENT_NAME = "MLFLOW_EXPERIMENT_NAME"  # the experiment's name
+ENV_RUN_ID = "MLFLOW_RUN_ID"  # an existing run to continue
+ENV_TAGS = "MLFLOW_TAGS"  # the run's tags, as a JSON object
+ENV_NESTED_RUN = "MLFLOW_NESTED_RUN"  # a boolean string ("true", "0", "off", ...)
+
+# MLflow's limits, used when `mlflow.utils.validation` does not define them.
 MAX_PARAMS_PER_BATCH = 100
-MAX_METRICS_PER_BATCH = 1000
 MAX_PARAM_VALUE_LENGTH = 6000
 _BAD_KEY_CHARS = re.compile(r"[^\w\-. :/]")
+_TRUE, _FALSE = {"1", "true", "t", "yes", "y", "on"}, {"0", "false", "f", "no", "n", "off"}
 
 
-def _chunks(items: list[Any], size: int) -> list[list[Any]]:
-    return [items[i : i + size] for i in range(0, len(items), size)]
+def _env_bool(name: str, default: bool) -> bool:
+    """The boolean environment variable `name`, else `default`; any other value is an error."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return bool(default)
+    if raw.strip().lower() in _TRUE | _FALSE:
+        return raw.strip().lower() in _TRUE
+    raise ValueError(f"{name}={raw!r} is not a boolean; use one of {sorted(_TRUE | _FALSE)}.")
+
+
+def _tags(tags: Mapping[str, Any] | str | None) -> dict[str, Any] | None:
+    """`tags` (or ``MLFLOW_TAGS``) as a dict; a string must hold a JSON object."""
+    tags = os.environ.get(ENV_TAGS, tags)
+    if not isinstance(tags, str):
+        return None if tags is None else dict(tags)
+    try:
+        parsed = json.loads(tags)
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"MLflow tags {tags!r} are not JSON; give a dict or a JSON object."
+        ) from exc
+    if not isinstance(parsed, dict):
+        raise ValueError(f'MLflow tags {tags!r} are not a JSON object; use \'{{"key": "value"}}\'.')
+    return parsed
 
 
 class MLflowTracker(GeneralTracker):
-    """Log to an MLflow run (metrics, params, tags) in the experiment `experiment_name`.
+    """Log to an MLflow run (metrics, params, artifacts, figures) in `experiment_name`.
 
     Args:
-        experiment_name: the experiment (the project name when made by `resolve_trackers`).
-        logging_dir: used as the tracking URI when `tracking_uri` is not given.
-        run_id: continue this existing run instead of creating one.
-        tags: run tags.
-        run_name: the run's display name.
-        description: the run's description (the ``mlflow.note.content`` tag).
-        tracking_uri: where runs are stored (``file:...``, ``sqlite:///...``, ``http://...``).
+        experiment_name: the experiment, created when missing (``MLFLOW_EXPERIMENT_NAME``
+            wins); None uses MLflow's current experiment.
+        logging_dir: the artifact location of an experiment this tracker creates.
+        run_id: continue this existing run (``MLFLOW_RUN_ID`` wins).
+        tags: run tags, a dict or a JSON object string (``MLFLOW_TAGS`` wins); they are also
+            the tags of an experiment this tracker creates.
+        nested_run: start the run as a child of MLflow's active run (``MLFLOW_NESTED_RUN``, a
+            boolean string, wins).
+        run_name: the name of a new run.
+        description: the run's description (shown in MLflow's description box).
+        tracking_uri: accel's addition: when given, `start()` sets it as MLflow's tracking URI
+            for the process (``file:...``, ``sqlite:///...``, ``http://...``).
     """
 
     name = "mlflow"
@@ -55,46 +87,57 @@ class MLflowTracker(GeneralTracker):
         experiment_name: str | None = None,
         logging_dir: str | os.PathLike[str] | None = None,
         run_id: str | None = None,
-        tags: Mapping[str, Any] | None = None,
+        tags: Mapping[str, Any] | str | None = None,
+        nested_run: bool | None = False,
         run_name: str | None = None,
         description: str | None = None,
         tracking_uri: str | None = None,
     ) -> None:
-        self._client_mod = import_optional("mlflow.tracking", self.extra, self.name)
-        self._entities = import_optional("mlflow.entities", self.extra, self.name)
-        self.experiment_name = experiment_name or "Default"
-        self.tracking_uri = tracking_uri or (os.fspath(logging_dir) if logging_dir else None)
-        self.run_id = run_id
-        self.tags = {str(k): str(v) for k, v in (tags or {}).items()}
-        if description is not None:
-            self.tags["mlflow.note.content"] = description
+        self._mlflow = import_optional("mlflow", self.extra, self.name)
+        self.experiment_name = os.environ.get(ENV_EXPERIMENT_NAME, experiment_name)
+        self.logging_dir = None if logging_dir is None else os.fspath(logging_dir)
+        self.run_id = os.environ.get(ENV_RUN_ID, run_id)
+        self.tags = _tags(tags)
+        self.nested_run = _env_bool(ENV_NESTED_RUN, bool(nested_run))
         self.run_name = run_name
-        self.client: Any = None
-        self._run: Any = None
+        self.description = description
+        self.tracking_uri = tracking_uri
+        self.active_run: Any = None
         self._warned: set[str] = set()
 
     def start(self) -> None:
-        if self._run is not None:
+        """Create (or resume) the run and make it MLflow's active run; a no-op once started."""
+        if self.active_run is not None:
             return
-        client = self._client_mod.MlflowClient(tracking_uri=self.tracking_uri)
-        if self.run_id is not None:
-            self._run = client.get_run(self.run_id)
-            client.update_run(self.run_id, status="RUNNING")
-        else:
-            experiment = client.get_experiment_by_name(self.experiment_name)
-            if experiment is None:
-                experiment_id = client.create_experiment(self.experiment_name)
-            else:
-                experiment_id = experiment.experiment_id
-            self._run = client.create_run(experiment_id, tags=self.tags, run_name=self.run_name)
-            self.run_id = self._run.info.run_id
-        self.client = client
+        mlflow = self._mlflow
+        if self.tracking_uri is not None:
+            mlflow.set_tracking_uri(self.tracking_uri)
+        self.active_run = mlflow.start_run(
+            run_id=self.run_id,
+            experiment_id=self._experiment_id(),
+            run_name=self.run_name,
+            nested=self.nested_run,
+            tags=self.tags,
+            description=self.description,
+        )
+        self.run_id = self.active_run.info.run_id
+
+    def _experiment_id(self) -> str | None:
+        """The id of the experiment named `experiment_name`, created when it does not exist."""
+        if self.experiment_name is None:
+            return None
+        experiment = self._mlflow.get_experiment_by_name(self.experiment_name)
+        if experiment is not None:
+            return experiment.experiment_id
+        return self._mlflow.create_experiment(
+            self.experiment_name, artifact_location=self.logging_dir, tags=self.tags
+        )
 
     @property
     def tracker(self) -> Any:
-        """The `mlflow.entities.Run` as it was when started (query `client` for fresh data)."""
+        """The `mlflow.ActiveRun` started by `start()` (started on first use)."""
         self.start()
-        return self._run
+        return self.active_run
 
     def _key(self, key: str) -> str:
         clean = _BAD_KEY_CHARS.sub("_", key)
@@ -102,48 +145,101 @@ class MLflowTracker(GeneralTracker):
             warn_once(self._warned, self.name, key, f"has characters MLflow refuses; as {clean!r}")
         return clean
 
+    def _limit(self, name: str, default: int) -> int:
+        """One of MLflow's limits (`mlflow.utils.validation`), else accel's copy of it."""
+        try:
+            validation = importlib.import_module("mlflow.utils.validation")
+        except ImportError:
+            return default
+        return int(getattr(validation, name, default))
+
     def store_init_configuration(self, values: Mapping[str, Any]) -> None:
-        """Log params. A param already logged with another value keeps it (MLflow forbids change)."""
+        """Log `values` as the run's params, each as its string form; `values` is not changed.
+
+        A value longer than MLflow's limit is dropped with a warning. A param already logged
+        with another value keeps it, with a warning (MLflow forbids changing a param).
+        """
         self.start()
-        logged = self.client.get_run(self.run_id).data.params
-        params = []
-        for key, value in param_values(values, tracker=self.name, warned=self._warned).items():
-            key, text = self._key(key), str(value)
-            if len(text) > MAX_PARAM_VALUE_LENGTH:
-                warn_once(self._warned, self.name, key, "is too long for MLflow; truncated")
-                text = text[:MAX_PARAM_VALUE_LENGTH]
-            if key in logged:
+        max_length = self._limit("MAX_PARAM_VAL_LENGTH", MAX_PARAM_VALUE_LENGTH)
+        logged = self._mlflow.get_run(self.run_id).data.params
+        params: dict[str, str] = {}
+        for key, value in values.items():
+            key, text = self._key(str(key)), str(to_python_tree(value))
+            if len(text) > max_length:
+                warn_once(
+                    self._warned,
+                    self.name,
+                    key,
+                    f"is {len(text)} characters long, over MLflow's {max_length}; skipped",
+                )
+            elif key in logged:
                 if logged[key] != text:
                     warnings.warn(
                         f"mlflow tracker: param {key!r} was already logged as {logged[key]!r}; "
                         f"MLflow cannot change it to {text!r}, so it is kept.",
                         stacklevel=2,
                     )
-                continue
-            params.append(self._entities.Param(key, text))
-        for chunk in _chunks(params, MAX_PARAMS_PER_BATCH):
-            self.client.log_batch(self.run_id, params=chunk, synchronous=True)
+            else:
+                params[key] = text
+        items = list(params.items())
+        size = self._limit("MAX_PARAMS_TAGS_PER_BATCH", MAX_PARAMS_PER_BATCH)
+        for i in range(0, len(items), size):
+            self._mlflow.log_params(dict(items[i : i + size]), run_id=self.run_id)
 
     def log(self, values: Mapping[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        """Log numeric metrics at `step` (0 when None); strings are skipped with a warning."""
+        """``mlflow.log_metrics`` of the numbers in `values` at `step` (MLflow's 0 when None).
+
+        Nested dicts become "/" keys; strings and other values are skipped with a warning.
+        `kwargs` (``synchronous``, ``timestamp``, ...) go to ``mlflow.log_metrics``.
+        """
         self.start()
-        step = coerce_step(step) or 0
-        now = int(time.time() * 1000)
-        metrics = [
-            self._entities.Metric(self._key(k), float(v), now, step)
+        metrics = {
+            self._key(k): float(v)
             for k, v in scalar_values(values, tracker=self.name, warned=self._warned).items()
-        ]
-        for chunk in _chunks(metrics, MAX_METRICS_PER_BATCH):
-            self.client.log_batch(self.run_id, metrics=chunk, **kwargs)
+        }
+        kwargs.setdefault("run_id", self.run_id)
+        self._mlflow.log_metrics(metrics, step=coerce_step(step), **kwargs)
 
     def log_images(self, values: Mapping[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        """`MlflowClient.log_image` per entry (arrays or PIL images), tracked under its key."""
+        """``mlflow.log_image`` per entry (arrays or PIL images), tracked under its key."""
         self.start()
         step = coerce_step(step) or 0
         for key, image in values.items():
-            self.client.log_image(self.run_id, image, key=self._key(key), step=step, **kwargs)
+            self._mlflow.log_image(image, key=self._key(key), step=step, **kwargs)
+
+    def log_figure(self, figure: Any, artifact_file: str, **kwargs: Any) -> None:
+        """Save a matplotlib or plotly `figure` as the artifact `artifact_file` (e.g. "a.png").
+
+        `kwargs` go to ``mlflow.log_figure`` (``save_kwargs={"dpi": 100}``, ...).
+        """
+        self.start()
+        self._mlflow.log_figure(figure=figure, artifact_file=artifact_file, **kwargs)
+
+    def log_artifact(
+        self, local_path: str | os.PathLike[str], artifact_path: str | None = None
+    ) -> None:
+        """Copy the file `local_path` into the run's artifacts, under `artifact_path` if given."""
+        self.start()
+        self._mlflow.log_artifact(
+            os.fspath(local_path), artifact_path=artifact_path, run_id=self.run_id
+        )
+
+    def log_artifacts(
+        self, local_dir: str | os.PathLike[str], artifact_path: str | None = None
+    ) -> None:
+        """Copy everything in the folder `local_dir` into the run's artifacts."""
+        self.start()
+        self._mlflow.log_artifacts(
+            os.fspath(local_dir), artifact_path=artifact_path, run_id=self.run_id
+        )
 
     def finish(self) -> None:
-        if self._run is not None:
-            self.client.set_terminated(self.run_id)
-            self._run = None
+        """End the run: MLflow's active run when it is this one, else by its id."""
+        if self.active_run is None:
+            return
+        current = self._mlflow.active_run()
+        if current is not None and current.info.run_id == self.run_id:
+            self._mlflow.end_run()
+        else:
+            self._mlflow.MlflowClient().set_terminated(self.run_id)
+        self.active_run = None

@@ -43,7 +43,10 @@ _BUILTIN: dict[str, type[GeneralTracker]] = {
         TrackioTracker,
     )
 }
-_CUSTOM: dict[str, type] = {}
+# The live registry, name -> class: the built-ins, then what `register_tracker_class` adds (a
+# registered class may replace a built-in under its name). Mutable on purpose: code written
+# for accelerate snapshots and restores it as a dict.
+TRACKER_CLASSES: dict[str, type] = dict(_BUILTIN)
 
 LogWith = str | GeneralTracker | Sequence[str | GeneralTracker] | None
 
@@ -84,35 +87,37 @@ def register_tracker_class(cls: type, name: str | None = None, *, overwrite: boo
         )
     if key == ALL:
         raise ValueError(f"{ALL!r} is reserved for 'every installed tracker'; choose another name.")
-    taken = _CUSTOM.get(key) or _BUILTIN.get(key)
+    taken = TRACKER_CLASSES.get(key)
     if taken is not None and taken is not cls and not overwrite:
         raise ValueError(
             f"A tracker named {key!r} is already registered ({taken.__name__}). Choose another "
             f"name, or pass overwrite=True to replace it."
         )
-    _CUSTOM[key] = cls
+    TRACKER_CLASSES[key] = cls
     return cls
 
 
 def unregister_tracker_class(name: str) -> None:
     """Remove a custom tracker; a built-in one it replaced is visible again."""
     key = _normalize(name)
-    if key not in _CUSTOM:
-        raise ValueError(
-            f"No custom tracker named {key!r} is registered; custom: {sorted(_CUSTOM)}."
-        )
-    del _CUSTOM[key]
+    custom = sorted(n for n, cls in TRACKER_CLASSES.items() if _BUILTIN.get(n) is not cls)
+    if key not in custom:
+        raise ValueError(f"No custom tracker named {key!r} is registered; custom: {custom}.")
+    if key in _BUILTIN:
+        TRACKER_CLASSES[key] = _BUILTIN[key]
+    else:
+        del TRACKER_CLASSES[key]
 
 
 def known_trackers() -> list[str]:
     """Every tracker name, installed or not: built-ins first, then registered ones."""
-    return list(_BUILTIN) + [n for n in _CUSTOM if n not in _BUILTIN]
+    return list(TRACKER_CLASSES)
 
 
 def get_tracker(name: str) -> type:
     """The tracker class registered under `name`."""
     key = _normalize(name)
-    cls = _CUSTOM.get(key) or _BUILTIN.get(key)
+    cls = TRACKER_CLASSES.get(key)
     if cls is None:
         raise ValueError(
             f"Unknown tracker {name!r}. Known trackers: {', '.join(known_trackers())}, or "
@@ -142,8 +147,8 @@ def _check_usable(name: str, logging_dir: Any) -> None:
         )
     if cls.requires_logging_directory and logging_dir is None:
         raise ValueError(
-            f"The {name!r} tracker writes files and needs a logging directory, but none was "
-            f"given. Pass logging_dir (the Accelerator's project_dir / logging_dir)."
+            f"Logging with `{name}` requires a `logging_dir`: the tracker writes files, and no "
+            f"directory was given. Pass logging_dir (the Accelerator's project_dir)."
         )
 
 

@@ -32,6 +32,8 @@ from accel_parallel import (
     DeepSpeedPlugin,
     DistributedDataParallelKwargs,
     FullyShardedDataParallelPlugin,
+)
+from accel_parallel._env_filled import (
     ParallelismConfig,
 )
 from accel_precision import (

@@ -23,9 +23,11 @@ import accel_state
 from accel._accelerator_state import AcceleratorState
 from accel._checkpointing import CheckpointingMixin
 from accel._config import ProfileKwargs, ProjectConfiguration, sort_kwargs_handlers
+from accel._data_loader import DataLoaderDispatcher, DataLoaderShard, iteration_observer
 from accel._dynamo import TorchDynamoPlugin, compile_model, resolve_dynamo_plugin
 from accel._gradient_state import GradientAccumulationPlugin, GradientState
 from accel._mesh_mixin import MeshMixin
+from accel._quantized import check_quantized_placement
 from accel._stopping import StoppingMixin
 from accel._tracking_mixin import TrackingMixin
 from accel._wrappers import AcceleratedOptimizer, AcceleratedScheduler
@@ -191,7 +193,11 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
     native_amp = property(lambda self: self.precision.name in ("fp16", "bf16"))
     use_stateful_dataloader = property(lambda self: self.dataloader_config.use_stateful_dataloader)
     save_iteration = property(lambda self: self.project_configuration.iteration)
-    sync_gradients = property(lambda self: self.gradient_state.sync_gradients)
+    sync_gradients = property(
+        lambda self: self.gradient_state.sync_gradients,
+        lambda self, value: self.gradient_state._set_sync_gradients(value),
+        doc="Whether the next optimizer step applies (the end of an accumulation cycle).",
+    )
     split_batches = property(lambda self: self.dataloader_config.split_batches)
     even_batches = property(lambda self: self.dataloader_config.even_batches)
     dispatch_batches = property(lambda self: self.dataloader_config.dispatch_batches)
@@ -258,12 +264,16 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
                 result[i] = self._prepare_scheduler(obj)
             elif isinstance(obj, torch.utils.data.DataLoader):
                 result[i] = self._prepare_dataloader(obj, placement[i])
+        _mark_prepared(
+            result, (self._models, self._optimizers, self._schedulers, self._dataloaders)
+        )
         return result[0] if len(result) == 1 else tuple(result)
 
     def prepare_model(
         self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
     ) -> nn.Module:
         placement = self.device_placement if device_placement is None else device_placement
+        check_quantized_placement(model, self.device, self.num_processes > 1)
         if evaluation_mode:
             model = self.precision.wrap_forward(self.precision.convert_module(model))
             model = model.to(self.device) if placement else model
@@ -282,6 +292,7 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
             if any(model is m or self.unwrap_model(m) is model for m in self._models):
                 known.add(i)  # prepared before: returned as it is
                 continue
+            check_quantized_placement(model, self.device, self.num_processes > 1)
             spread = _devices_of_dispatched(model)
             if spread and (self.num_processes > 1 or self.strategy.sharded):
                 raise ValueError(
@@ -382,8 +393,11 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
             device=self.device,
             put_on_device=placement,
             iteration_observer=self._iteration_observer(),
+            shard_class=DataLoaderShard,
+            dispatcher_class=DataLoaderDispatcher,
             **self.dataloader_config.prepare_kwargs(),
         )
+        prepared.gradient_state = self.gradient_state
         self._dataloaders.append(prepared)
         return prepared
 
@@ -392,12 +406,8 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
         return self._prepare_dataloader(data_loader, placement)
 
     def _iteration_observer(self) -> Any:
-        """What a prepared loader tells when an iteration starts and ends: the gradient state,
-        and, with rng_types beyond "generator", the RNG synchronization at each epoch start."""
-        synced = [t for t in self.rng_types if t != "generator"]
-        if not synced:
-            return self.gradient_state
-        return _RngSyncObserver(self.gradient_state, synced)
+        """What a prepared loader tells when an iteration starts and ends (see _data_loader)."""
+        return iteration_observer(self.gradient_state, self.rng_types)
 
     # -- the step -----------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
@@ -458,10 +468,10 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
                 owner = getattr(loader, "batch_sampler", None)
                 if not hasattr(owner, "even_batches"):
                     owner = loader if hasattr(loader, "even_batches") else None
-                if owner is None:
+                if owner is None or isinstance(loader.dataset, torch.utils.data.IterableDataset):
                     warnings.warn(
-                        "join_uneven_inputs(even_batches=...) does not apply to a DataLoader "
-                        "over an iterable dataset; it keeps its own setting.",
+                        "join_uneven_inputs(even_batches=...) is only supported for map-style "
+                        "datasets; a DataLoader over an iterable dataset keeps its own setting.",
                         stacklevel=3,
                     )
                     continue
@@ -672,22 +682,6 @@ def _rng_types(rng_types: Any) -> list[str]:
     return names
 
 
-class _RngSyncObserver:
-    """The gradient state's iteration observer, plus RNG synchronization at epoch starts."""
-
-    def __init__(self, gradient_state: GradientState, rng_types: list[str]) -> None:
-        self.gradient_state = gradient_state
-        self.rng_types = rng_types
-
-    def begin(self, loader: Any) -> None:
-        self.gradient_state.begin(loader)
-        if loader.state_dict().get("batches_yielded", 0) == 0:
-            accel_state.synchronize_rng_states(self.rng_types)
-
-    def end(self, loader: Any) -> None:
-        self.gradient_state.end(loader)
-
-
 def _devices_of_dispatched(model: nn.Module) -> list[str]:
     """The devices of a model dispatched over several (its `hf_device_map`), else []."""
     for module in model.modules():
@@ -770,3 +764,15 @@ def _accumulation_plugin(
         return plugin
     steps = _from_launch("gradient_accumulation_steps", steps, 1)
     return GradientAccumulationPlugin(num_steps=int(steps))
+
+
+def _mark_prepared(objects: list[Any], kept: tuple[list[Any], ...]) -> None:
+    """`_is_accelerate_prepared = True` on what prepare returned and now tracks (the flag
+    libraries read to skip preparing twice); other objects pass through unmarked."""
+    tracked = {id(o) for group in kept for o in group}
+    for obj in objects:
+        if id(obj) in tracked:
+            try:
+                obj._is_accelerate_prepared = True
+            except AttributeError:  # an object that takes no attributes stays unmarked
+                pass

@@ -98,12 +98,15 @@ class CheckpointingMixin:
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Save and restore these objects (anything with state_dict / load_state_dict)."""
         bad = [
-            o for o in objects if not (hasattr(o, "state_dict") and hasattr(o, "load_state_dict"))
+            f"Item at index {i} ({type(o).__name__})"
+            for i, o in enumerate(objects)
+            if not (hasattr(o, "state_dict") and hasattr(o, "load_state_dict"))
         ]
         if bad:
             raise ValueError(
                 f"register_for_checkpointing needs objects with state_dict() and "
-                f"load_state_dict(); these have not: {[type(o).__name__ for o in bad]}."
+                f"load_state_dict(); these have not: {', '.join(bad)}. Wrap each in an object "
+                f"that has both, or save it yourself."
             )
         self._custom_objects.extend(objects)
 
@@ -426,8 +429,13 @@ class CheckpointingMixin:
     ) -> None:
         """Write the model's weights for inference, sharded with an index json when large."""
         from accel._export import save_sharded
+        from accel_bigmodel import get_state_dict_offloaded_model, has_offloaded_params
 
-        state = self.get_state_dict(model)
+        inner = self.unwrap_model(model)
+        if any(has_offloaded_params(m) for m in inner.modules()):
+            state = get_state_dict_offloaded_model(inner)  # its weights live on cpu / disk
+        else:
+            state = self.get_state_dict(model)
         if self._writer():
             save_sharded(state, Path(save_directory), max_shard_size, safe_serialization)
         self.wait_for_everyone()

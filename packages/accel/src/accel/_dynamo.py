@@ -10,6 +10,7 @@ blocks is compiled whole.
 from __future__ import annotations
 
 import dataclasses
+import types
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -17,6 +18,22 @@ from typing import Any
 from torch import nn
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# accelerate's variables for the fields a TorchDynamoPlugin is not given (scripts and
+# launchers written for accelerate set them): BACKEND, MODE, USE_FULLGRAPH, USE_DYNAMIC,
+# USE_REGIONAL_COMPILATION.
+ENV_DYNAMO_PREFIX = "ACCELERATE_DYNAMO_"
+_UNSET_DEFAULTS: dict[str, Any] = {
+    "backend": "no", "mode": None, "fullgraph": False, "dynamic": None, "options": None,
+    "disable": False,
+}  # fmt: skip
+
+
+def _from_environment(field: str, parse: Any) -> Any:
+    """The value of ACCELERATE_DYNAMO_<field> parsed, or None where it is not set."""
+    import os
+
+    raw = os.environ.get(ENV_DYNAMO_PREFIX + field)
+    return None if raw in (None, "") else parse(raw)
 
 
 def _name(value: Any) -> str:
@@ -37,20 +54,32 @@ class TorchDynamoPlugin:
     `backend` "no" leaves models uncompiled; any other name is a torch.compile backend
     ("inductor", "eager", "aot_eager", "cudagraphs", ...). `mode`, `fullgraph`, `dynamic` and
     `options` are torch.compile's; `disable=True` makes compilation a no-op;
-    `use_regional_compilation` compiles repeated blocks instead of the whole model.
+    `use_regional_compilation` compiles repeated blocks instead of the whole model. A field
+    left as None takes accelerate's ACCELERATE_DYNAMO_* variable where one is set (as
+    accelerate's plugin does), else the default: backend "no", no fullgraph, no regions.
     """
 
-    backend: str = "no"
+    backend: str | None = None
     mode: str | None = None
-    fullgraph: bool = False
+    fullgraph: bool | None = None
     dynamic: bool | None = None
     options: Mapping[str, Any] | None = None
     disable: bool = False
-    use_regional_compilation: bool = False
+    use_regional_compilation: bool | None = None
 
     def __post_init__(self) -> None:
-        backend = "no" if self.backend is None else _name(self.backend)  # None: not chosen
-        object.__setattr__(self, "backend", backend or "no")
+        unset = {
+            "backend": ("BACKEND", _name, "no"),
+            "mode": ("MODE", str, None),
+            "fullgraph": ("USE_FULLGRAPH", _flag, False),
+            "dynamic": ("USE_DYNAMIC", _flag, None),
+            "use_regional_compilation": ("USE_REGIONAL_COMPILATION", _flag, False),
+        }
+        for field, (variable, parse, default) in unset.items():
+            if getattr(self, field) is None:
+                value = _from_environment(variable, parse)
+                object.__setattr__(self, field, default if value is None else value)
+        object.__setattr__(self, "backend", _name(self.backend) or "no")
         if self.mode is not None and self.mode not in MODES:
             raise ValueError(f"TorchDynamoPlugin.mode={self.mode!r}: expected one of {MODES}.")
         if self.mode is not None and self.options:
@@ -73,6 +102,18 @@ class TorchDynamoPlugin:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The fields that differ from the defaults (regional compilation left out: it is not
+        a torch.compile argument)."""
+        out = {}
+        for name, value in self.to_dict().items():
+            default = _UNSET_DEFAULTS.get(name, value)
+            if name == "mode" and value == "default":
+                value = None
+            if value != default:
+                out[name] = value
+        return out
 
     @classmethod
     def from_launch(cls, section: Mapping[str, Any]) -> TorchDynamoPlugin:
@@ -150,3 +191,43 @@ def compile_blocks(module: nn.Module, **compile_kwargs: Any) -> bool:
         for block in block_list:
             block.compile(**compile_kwargs)
     return bool(blocks)
+
+
+def compile_regions(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
+    """A twin of `module` whose repeated blocks (the children of an `nn.ModuleList` of one
+    class) are `torch.compile`d one by one, so they share one compiled graph; a subtree without
+    repeated blocks is compiled whole. `module` itself is left as it was; the twin shares its
+    parameters and keeps it as `_orig_mod` (what unwrapping returns)."""
+    twin = _twin(module, compile_kwargs)
+    twin.__dict__.setdefault("_orig_mod", module)
+    return twin
+
+
+def _is_repeated(module: nn.Module) -> bool:
+    return (
+        isinstance(module, nn.ModuleList)
+        and len(module) > 0
+        and all(isinstance(m, type(module[0])) for m in module)
+    )
+
+
+def _has_repeated(module: nn.Module) -> bool:
+    return bool(module._modules) and any(_is_repeated(m) for m in module.modules())
+
+
+def _twin(module: nn.Module, compile_kwargs: dict[str, Any]) -> nn.Module:
+    import torch
+
+    if _is_repeated(module):
+        return nn.ModuleList(torch.compile(block, **compile_kwargs) for block in module)
+    if not _has_repeated(module):
+        return torch.compile(module, **compile_kwargs)
+    twin = type(module).__new__(type(module))
+    twin.__dict__.update(module.__dict__)
+    for name, value in module.__dict__.items():  # methods bound to the original follow the twin
+        if isinstance(value, types.MethodType) and value.__self__ is module:
+            twin.__dict__[name] = types.MethodType(value.__func__, twin)
+    twin._modules = {}
+    for name, child in module.named_children():
+        twin.add_module(name, _twin(child, compile_kwargs))
+    return twin

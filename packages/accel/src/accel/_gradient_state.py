@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Any, ClassVar
 
 
@@ -91,6 +92,17 @@ class GradientState:
         return self.plugin.num_steps
 
     @property
+    def active_dataloaders(self) -> list[Any]:
+        """The loaders being iterated, innermost last. Held by weak reference, so a loader
+        whose owner is gone (an iterator left mid-epoch) is collected, not kept alive here."""
+        refs = self._shared_state.get("_active_refs", [])
+        return [loader for loader in (ref() for ref in refs) if loader is not None]
+
+    @active_dataloaders.setter
+    def active_dataloaders(self, loaders: list[Any]) -> None:
+        self._active_refs = [weakref.ref(loader) for loader in loaders]
+
+    @property
     def in_dataloader(self) -> bool:
         return bool(self.active_dataloaders)
 
@@ -110,12 +122,14 @@ class GradientState:
 
     # iteration_observer protocol
     def begin(self, loader: Any) -> None:
-        self.active_dataloaders.append(loader)
+        self.active_dataloaders = [*self.active_dataloaders, loader]
 
     def end(self, loader: Any) -> None:
-        for i in range(len(self.active_dataloaders) - 1, -1, -1):
-            if self.active_dataloaders[i] is loader:
-                del self.active_dataloaders[i]
+        loaders = self.active_dataloaders
+        for i in range(len(loaders) - 1, -1, -1):
+            if loaders[i] is loader:
+                del loaders[i]
+                self.active_dataloaders = loaders
                 break
 
     def advance(self) -> None:

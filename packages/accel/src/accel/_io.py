@@ -40,18 +40,16 @@ def save_state_dict(
     state: dict[str, torch.Tensor], path: str | os.PathLike[str], safe: bool = True
 ) -> None:
     """Write a tensor state dict and fsync it. Tied tensors are written once."""
-    unique, aliases = dedupe_shared(state)
     if safe:
+        unique, aliases = dedupe_shared(state)
         from safetensors.torch import save_file
 
         tensors = {k: v.detach().contiguous().cpu() for k, v in unique.items()}
         save_file(
             tensors, os.fspath(path), metadata={"format": "pt", _ALIASES_KEY: json.dumps(aliases)}
         )
-    else:
-        torch.save(
-            {"state": {k: v.detach().cpu() for k, v in unique.items()}, "aliases": aliases}, path
-        )
+    else:  # a plain state dict, as accelerate writes it: torch keeps tied tensors shared
+        torch.save({k: v.detach().cpu() for k, v in state.items()}, path)
     fsync_file(path)
 
 

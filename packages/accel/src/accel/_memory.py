@@ -106,6 +106,11 @@ def find_executable_batch_size(
                 f"batch size is passed as the first one; do not pass it yourself."
             )
         batch_size = starting_batch_size
+        if batch_size < 1:
+            raise RuntimeError(
+                f"No executable batch size found, reached zero: starting_batch_size="
+                f"{starting_batch_size}; start from a batch size of 1 or more."
+            )
         while True:
             error: BaseException | None = None
             try:

@@ -28,6 +28,16 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.step_was_skipped = False
         self.unscaled = False
 
+    @property
+    def _is_overflow(self) -> bool:
+        """accelerate's name for `step_was_skipped` (scripts and tests set it to mark a step
+        the fp16 scaler skipped, which the prepared scheduler then does not count)."""
+        return self.step_was_skipped
+
+    @_is_overflow.setter
+    def _is_overflow(self, value: bool) -> None:
+        self.step_was_skipped = bool(value)
+
     # Forward the optimizer's own attributes so that schedulers and user code see them.
     @property
     def state(self) -> Any:  # type: ignore[override]

@@ -12,6 +12,9 @@ from accel._accelerator import (
     TorchDynamoPlugin,
 )
 from accel._compat._constants import (
+    DTENSOR_PYTORCH_VERSION,
+    FSDP2_PYTORCH_VERSION,
+    FSDP_PYTORCH_VERSION,
     MODEL_NAME,
     PROFILE_PATTERN_NAME,
     SAFE_WEIGHTS_INDEX_NAME,
@@ -27,6 +30,7 @@ from accel._compat._environment import (
 )
 from accel._compat._extras import (
     DynamoBackend,
+    FP8BackendType,
     KwargsHandler,
     get_grad_scaler,
     get_mixed_precision_context_manager,
@@ -46,6 +50,7 @@ from accel._compat._imports import (
     is_msamp_available,
     is_torchao_available,
     is_transformer_engine_available,
+    is_xpu_available,
 )
 from accel._compat._left_out import (
     MegatronLMPlugin,
@@ -67,6 +72,7 @@ from accel._compat._misc import (
     save_accelerator_state,
     save_custom_state,
 )
+from accel._compat._operations import convert_outputs_to_fp32
 from accel._compat._other import (
     check_os_kernel,
     clean_state_dict_for_safetensors,
@@ -81,6 +87,9 @@ from accel._compat._other import (
 from accel._compat._versions import (
     compare_versions,
     is_torch_version,
+)
+from accel._data_loader import (
+    prepare_data_loader,
 )
 from accel._deepspeed import (
     DeepSpeedEngineWrapper,
@@ -97,12 +106,12 @@ from accel.utils import (
     convert_model_to_fp8_ao,
 )
 from accel_bigmodel import (
+    get_state_dict_offloaded_model,
     has_offloaded_params,
 )
 from accel_data import (
     DataLoaderConfiguration,
     DataLoaderDispatcher,
-    prepare_data_loader,
     skip_first_batches,
 )
 from accel_parallel import (
@@ -111,8 +120,10 @@ from accel_parallel import (
     DummyOptim,
     DummyScheduler,
     FullyShardedDataParallelPlugin,
-    ParallelismConfig,
     TorchTensorParallelPlugin,
+)
+from accel_parallel._env_filled import (
+    ParallelismConfig,
 )
 from accel_parallel._deepspeed_parts import (
     map_pytorch_optim_to_deepspeed,
@@ -123,7 +134,6 @@ from accel_precision import (
     FP8RecipeKwargs,
     GradScalerKwargs,
     TERecipeKwargs,
-    convert_outputs_to_fp32,
 )
 from accel_state import (
     DistributedType,
@@ -139,6 +149,7 @@ from accel_state import (
     reduce,
     wait_for_everyone,
 )
+from accel_tracking import TRACKER_CLASSES as LOGGER_TYPE_TO_CLASS
 from accel_tracking import (
     GeneralTracker,
     filter_trackers,
@@ -148,6 +159,10 @@ __all__ = ["Accelerator"]
 
 # accelerate's module binds these too; users import them from here
 __all__ += [
+    "DTENSOR_PYTORCH_VERSION",
+    "FSDP2_PYTORCH_VERSION",
+    "FSDP_PYTORCH_VERSION",
+    "LOGGER_TYPE_TO_CLASS",
     "MODEL_NAME",
     "PROFILE_PATTERN_NAME",
     "SAFE_WEIGHTS_INDEX_NAME",
@@ -173,6 +188,7 @@ __all__ += [
     "DummyOptim",
     "DummyScheduler",
     "DynamoBackend",
+    "FP8BackendType",
     "FP8RecipeKwargs",
     "FullyShardedDataParallelPlugin",
     "GeneralTracker",
@@ -218,6 +234,7 @@ __all__ += [
     "get_mixed_precision_context_manager",
     "get_model_tp_size",
     "get_pretty_name",
+    "get_state_dict_offloaded_model",
     "has_offloaded_params",
     "is_bf16_available",
     "is_bitsandbytes_multi_backend_available",
@@ -229,6 +246,7 @@ __all__ += [
     "is_torch_version",
     "is_torchao_available",
     "is_transformer_engine_available",
+    "is_xpu_available",
     "load_accelerator_state",
     "load_custom_state",
     "load_fsdp_model",

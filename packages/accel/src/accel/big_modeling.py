@@ -10,7 +10,11 @@ from accel._compat._imports import (
 from accel._compat._other import (
     recursive_getattr,
 )
+from accel._compat._sequence_parallel import (  # noqa: F401  (private; accelerate's tests import it)
+    _refuse_recurrent_layers_under_sequence_parallelism,
+)
 from accel_bigmodel import (
+    SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING,
     AlignDevicesHook,
     CpuOffload,
     LayerwiseCastingHook,
@@ -50,6 +54,7 @@ __all__ = [
 
 # accelerate's module binds these too; users import them from here
 __all__ += [
+    "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING",
     "AlignDevicesHook",
     "CpuOffload",
     "LayerwiseCastingHook",

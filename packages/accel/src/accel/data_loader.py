@@ -16,6 +16,11 @@ from accel._compat._versions import (
     compare_versions,
     is_torch_version,
 )
+from accel._data_loader import (
+    DataLoaderDispatcher,
+    DataLoaderShard,
+    prepare_data_loader,
+)
 from accel._logging import (
     get_logger,
 )
@@ -23,15 +28,12 @@ from accel_data import (
     BatchSamplerShard,
     DataLoaderAdapter,
     DataLoaderConfiguration,
-    DataLoaderDispatcher,
-    DataLoaderShard,
     DataLoaderStateMixin,
     IterableDatasetShard,
     SeedableRandomSampler,
     SkipBatchSampler,
     SkipDataLoader,
     get_sampler,
-    prepare_data_loader,
     skip_first_batches,
 )
 from accel_state import (

@@ -1,8 +1,5 @@
 """Familiar path `accelerate.inference`: re-exports from the packages that own the code."""
 
-from accel._compat._extras import (
-    calculate_maximum_sizes,
-)
 from accel._compat._imports import (
     is_pippy_available,
 )
@@ -22,6 +19,7 @@ from accel._pippy import (
     prepare_pippy,
 )
 from accel_bigmodel import (
+    calculate_maximum_sizes,
     infer_auto_device_map,
 )
 from accel_state import (

@@ -3,6 +3,7 @@
 from accel._accelerator import (
     AcceleratorState,
 )
+from accel._compat._constants import ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION
 from accel._compat._environment import (
     are_libraries_initialized,
     check_cuda_p2p_ib_support,
@@ -31,6 +32,7 @@ __all__ = ["debug_launcher", "notebook_launcher", "test_launch"]
 
 # accelerate's module binds these too; users import them from here
 __all__ += [
+    "ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION",
     "AcceleratorState",
     "PartialState",
     "PrecisionType",

@@ -1,15 +1,15 @@
 """Familiar path `accelerate.parallelism_config`: re-exports from the packages that own the code."""
 
-from accel._compat._left_out import (
-    DeepSpeedSequenceParallelConfig,
-)
 from accel._compat._versions import (
     is_torch_version,
 )
 from accel_parallel import (
+    TorchTensorParallelConfig,
+)
+from accel_parallel._env_filled import (
+    DeepSpeedSequenceParallelConfig,
     ParallelismConfig,
     TorchContextParallelConfig,
-    TorchTensorParallelConfig,
 )
 from accel_state import (
     DistributedType,

@@ -17,6 +17,7 @@ from accel._compat._imports import (
 from accel._compat._operations import (
     listify,
 )
+from accel._compat._tracking import register_tracker_class
 from accel._compat._versions import (
     compare_versions,
 )
@@ -28,6 +29,7 @@ from accel_state import (
     PartialState,
     on_main_process,
 )
+from accel_tracking import TRACKER_CLASSES as LOGGER_TYPE_TO_CLASS
 from accel_tracking import (
     AimTracker,
     ClearMLTracker,
@@ -42,11 +44,11 @@ from accel_tracking import (
     WandBTracker,
     filter_trackers,
     get_tracker,
-    register_tracker_class,
 )
 from accel_tracking import available_trackers as get_available_trackers
 
 __all__ = [
+    "LOGGER_TYPE_TO_CLASS",
     "AimTracker",
     "ClearMLTracker",
     "CometMLTracker",

@@ -18,16 +18,13 @@ SAFE_WEIGHTS_PATTERN_NAME = "model{suffix}.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = f"{SAFE_WEIGHTS_NAME}.index.json"
 XPU_PROFILING_AVAILABLE_PYTORCH_VERSION = "2.4.0"
 MITA_PROFILING_AVAILABLE_PYTORCH_VERSION = "2.1.0"
+# The distributed types whose collectives run on CUDA devices, then every torch.distributed one.
+CUDA_DISTRIBUTED_TYPES = ["DEEPSPEED", "MULTI_GPU", "FSDP", "MEGATRON_LM", "TP"]
 TORCH_DISTRIBUTED_OPERATION_TYPES = [
-    "MULTI_GPU",
-    "FSDP",
-    "MULTI_CPU",
-    "MULTI_XPU",
-    "MULTI_NPU",
-    "MULTI_MLU",
-    "MULTI_MUSA",
-    "MULTI_HPU",
-]
+    *CUDA_DISTRIBUTED_TYPES,
+    "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA", "MULTI_XPU", "MULTI_CPU",
+    "MULTI_HPU", "MULTI_NEURON",
+]  # fmt: skip
 TORCH_LAUNCH_PARAMS = [
     "nnodes", "nproc_per_node", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf",
     "standalone", "max_restarts", "monitor_interval", "start_method", "role", "module",
@@ -45,3 +42,28 @@ FSDP_SHARDING_STRATEGY = [
 FSDP_AUTO_WRAP_POLICY = ["TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"]
 FSDP_BACKWARD_PREFETCH = ["BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"]
 FSDP_STATE_DICT_TYPE = ["FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT"]
+FSDP2_STATE_DICT_TYPE = ["SHARDED_STATE_DICT", "FULL_STATE_DICT"]
+FSDP_MODEL_NAME = "pytorch_model_fsdp"
+# Minimum versions accelerate checks features against (strings, for `compare_versions`).
+FSDP_PYTORCH_VERSION = "2.1.0.a0+32f93b1"  # 2.1.0; MS-AMP's image ships this prerelease
+FSDP2_PYTORCH_VERSION = "2.6.0"
+DTENSOR_PYTORCH_VERSION = "2.5.0"
+ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION = "2.2.0"
+BETA_TP_AVAILABLE_PYTORCH_VERSION = "2.3.0"
+BETA_TP_AVAILABLE_TRANSFORMERS_VERSION = "4.52.0"
+BETA_CP_AVAILABLE_PYTORCH_VERSION = "2.6.0"
+BETA_SP_AVAILABLE_DEEPSPEED_VERSION = "0.18.2"
+DEEPSPEED_MULTINODE_LAUNCHERS = [
+    "pdsh",
+    "standard",
+    "openmpi",
+    "mvapich",
+    "mpich",
+    "nossh",
+    "slurm",
+]
+TORCH_DYNAMO_MODES = ["default", "reduce-overhead", "max-autotune"]
+SAGEMAKER_PYTORCH_VERSION = "1.10.2"
+SAGEMAKER_PYTHON_VERSION = "py38"
+SAGEMAKER_TRANSFORMERS_VERSION = "4.17.0"
+SAGEMAKER_PARALLEL_EC2_INSTANCES = ["ml.p3.16xlarge", "ml.p3dn.24xlarge", "ml.p4dn.24xlarge"]

@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
+import logging
 import os
+import re
+import shutil
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
+_log = logging.getLogger("accel.utils.environment")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+# Marks a function purge_accelerate_environment already wrapped (never wrapped twice).
+_PURGED = "_accel_purges_environment"
 _TRUE = {"y", "yes", "t", "true", "on", "1"}
 _FALSE = {"n", "no", "f", "false", "off", "0"}
 
@@ -44,11 +54,22 @@ def parse_choice_from_env(key: str, default: str = "no") -> str:
 
 
 def convert_dict_to_env_variables(current_env: dict[str, Any]) -> list[str]:
-    """``KEY=value`` lines for the entries whose key and value hold no newline or '='."""
-    valid = []
+    """``KEY=value`` lines (for an environment file a shell reads) for the entries whose key is
+    a valid variable name and whose value is non-empty and free of ; < > spaces and newlines;
+    the others are skipped with a warning naming them."""
+    valid, skipped = [], []
     for key, value in current_env.items():
-        if all(c not in str(key) for c in "\n=") and "\n" not in str(value) and value:
+        text = str(value)
+        if _ENV_NAME.fullmatch(str(key)) and text and not any(c in text for c in ";\n<> "):
             valid.append(f"{key}={value}\n")
+        else:
+            skipped.append(key)
+    if skipped:
+        _log.warning(
+            f"Skipped {skipped}: an environment variable's name must be letters, digits and "
+            f"underscores (not starting with a digit) and its value non-empty, without any of "
+            f"';', '<', '>', spaces or newlines (the file is read by a shell)."
+        )
     return valid
 
 
@@ -84,12 +105,16 @@ def patch_environment(**kwargs: Any) -> Iterator[None]:
 
 def purge_accelerate_environment(func_or_cls: Any) -> Any:
     """Decorator: the ``ACCELERATE_*`` and ``ACCEL_*`` variables the function (or each test
-    method of the class) sets are removed when it returns."""
+    method of the class, inherited ones and those of subclasses included) sets are removed
+    when it returns, and those it changed get their values back."""
 
     def prefixed() -> set[str]:
         return {k for k in os.environ if k.startswith(("ACCELERATE_", "ACCEL_"))}
 
     def wrap(func: Callable[..., Any]) -> Callable[..., Any]:
+        if getattr(func, _PURGED, False):
+            return func
+
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             before = {k: os.environ[k] for k in prefixed()}
@@ -100,14 +125,30 @@ def purge_accelerate_environment(func_or_cls: Any) -> Any:
                     os.environ.pop(key, None)
                 os.environ.update(before)
 
+        setattr(wrapper, _PURGED, True)
         return wrapper
 
-    if inspect.isclass(func_or_cls):
-        for name, member in list(vars(func_or_cls).items()):
-            if name.startswith("test") and callable(member):
-                setattr(func_or_cls, name, wrap(member))
-        return func_or_cls
-    return wrap(func_or_cls)
+    if not inspect.isclass(func_or_cls):
+        return wrap(func_or_cls)
+
+    def wrap_tests(cls: type) -> None:
+        for name in dir(cls):
+            member = getattr(cls, name, None)
+            if name.startswith("test") and inspect.isfunction(member):
+                setattr(cls, name, wrap(member))
+
+    wrap_tests(func_or_cls)
+    previous = func_or_cls.__dict__.get("__init_subclass__")
+
+    def init_subclass(cls: type, **kwargs: Any) -> None:
+        if previous is not None:
+            previous.__func__(cls, **kwargs)
+        else:
+            super(func_or_cls, cls).__init_subclass__(**kwargs)
+        wrap_tests(cls)
+
+    func_or_cls.__init_subclass__ = classmethod(init_subclass)
+    return func_or_cls
 
 
 def are_libraries_initialized(*library_names: str) -> list[str]:
@@ -146,27 +187,72 @@ def get_gpu_info() -> tuple[list[str], int]:
     return [torch.cuda.get_device_name(i) for i in range(count)], count
 
 
-def get_cpu_distributed_information() -> Any:
-    """Rank, world size, local rank and local world size from the launcher's environment."""
-    from types import SimpleNamespace
+@dataclasses.dataclass
+class CPUInformation:
+    """Where this process sits in a CPU (multi-process) job: global and per-machine rank/size."""
 
-    return SimpleNamespace(
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+
+
+def get_cpu_distributed_information() -> CPUInformation:
+    """Rank, world size, local rank and local world size from the launcher's environment
+    (torchrun, Intel MPI, Open MPI or MVAPICH variables, the first one set)."""
+    return CPUInformation(
         rank=get_int_from_env(
             ["RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK"], 0
         ),
-        world_size=get_int_from_env(["WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE"], 1),
+        world_size=get_int_from_env(
+            ["WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"], 1
+        ),
         local_rank=get_int_from_env(
-            ["LOCAL_RANK", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK"], 0
+            [
+                "LOCAL_RANK",
+                "MPI_LOCALRANKID",
+                "OMPI_COMM_WORLD_LOCAL_RANK",
+                "MV2_COMM_WORLD_LOCAL_RANK",
+            ],
+            0,
         ),
         local_world_size=get_int_from_env(
-            ["LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"], 1
+            [
+                "LOCAL_WORLD_SIZE",
+                "MPI_LOCALNRANKS",
+                "OMPI_COMM_WORLD_LOCAL_SIZE",
+                "MV2_COMM_WORLD_LOCAL_SIZE",
+            ],
+            1,
         ),
     )
+
+
+def get_driver_version() -> str:
+    """The NVIDIA driver version of the first GPU, asked of `nvidia-smi` (CUDA stays
+    uninitialized). Raises FileNotFoundError when `nvidia-smi` is not on PATH."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        raise FileNotFoundError(
+            "get_driver_version needs `nvidia-smi` on PATH (an NVIDIA driver); none was found."
+        )
+    out = subprocess.check_output(
+        [smi, "--query-gpu=driver_version", "--format=csv,noheader"], text=True
+    )
+    return out.strip().splitlines()[0]
 
 
 def set_numa_affinity(local_process_index: int, verbose: bool | None = None) -> None:
     """Pin this process to the CPUs nearest its GPU (`accel launch --numa` does this at launch)."""
     raise NotImplementedError(
         "set_numa_affinity is applied by `accel launch` (its NUMA affinity option) rather "
+        "than from inside a running process."
+    )
+
+
+def override_numa_affinity(local_process_index: int, verbose: bool | None = None) -> None:
+    """Re-pin this process to the CPUs nearest its GPU, replacing any affinity already set."""
+    raise NotImplementedError(
+        "override_numa_affinity is applied by `accel launch` (its NUMA affinity option) rather "
         "than from inside a running process."
     )

@@ -11,9 +11,35 @@ import torch
 from torch import nn
 
 
-class ComputeEnvironment(str, enum.Enum):
-    LOCAL_MACHINE = "LOCAL_MACHINE"
-    AMAZON_SAGEMAKER = "AMAZON_SAGEMAKER"
+class EnumWithContains(enum.EnumMeta):
+    """Enum metaclass whose `in` accepts values: `"fp16" in PrecisionLike` is True."""
+
+    def __contains__(cls, item: object) -> bool:
+        try:
+            cls(item)
+        except ValueError:
+            return False
+        return True
+
+
+class BaseEnum(enum.Enum, metaclass=EnumWithContains):
+    """An enum whose `str()` is its value; `list()` gives every value."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    @classmethod
+    def list(cls) -> list[str]:
+        return [str(member) for member in cls]
+
+
+class FP8BackendType(str, enum.Enum):
+    """The library that runs fp8: none, TransformerEngine, MS-AMP or torchao."""
+
+    NO = "NO"
+    TE = "TE"
+    MSAMP = "MSAMP"
+    AO = "AO"
 
 
 class CustomDtype(str, enum.Enum):
@@ -79,14 +105,6 @@ def get_mixed_precision_context_manager(
         torch.float16 if os.environ.get("ACCELERATE_MIXED_PRECISION") == "fp16" else torch.bfloat16
     )
     return torch.autocast(device_type=state.device.type, dtype=dtype, **extra)
-
-
-def calculate_maximum_sizes(model: nn.Module) -> tuple[int, tuple[int, list[str]]]:
-    """(total bytes of `model`, (bytes of its largest layer, that layer's names))."""
-    from accel_bigmodel import compute_module_sizes, get_max_layer_size
-
-    sizes = compute_module_sizes(model)
-    return sizes[""], get_max_layer_size(list(model.named_children()), sizes, None)
 
 
 def check_tied_parameters_in_config(model: nn.Module) -> bool:

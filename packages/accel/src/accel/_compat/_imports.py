@@ -67,6 +67,22 @@ is_8bit_bnb_available = is_bnb_available
 is_bitsandbytes_multi_backend_available = is_bnb_available
 is_transformer_engine_mxfp8_available = is_transformer_engine_available
 is_neuron_available = _probe("torch_neuronx")
+is_tqdm_available = _probe("tqdm")
+
+# accelerate reads this flag to allow torch_xla; accel never runs on torch_xla.
+USE_TORCH_XLA = False
+
+
+def is_numpy_available(min_version: str = "1.25.0") -> bool:
+    """True when numpy is installed at `min_version` or newer (it is not imported)."""
+    from accel._compat._versions import compare_versions
+
+    return _installed("numpy") and compare_versions("numpy", ">=", min_version)
+
+
+def is_torch_distributed_available() -> bool:
+    """True when this torch build has `torch.distributed`."""
+    return torch.distributed.is_available()
 
 
 def is_torch_xla_available(check_is_tpu: bool = False, check_is_gpu: bool = False) -> bool:

@@ -16,7 +16,6 @@ from accel._compat._unsupported import (
 AbstractTrainStep = unsupported("AbstractTrainStep", *MEGATRON)
 BertTrainStep = unsupported("BertTrainStep", *MEGATRON)
 BnbQuantizationConfig = unsupported("BnbQuantizationConfig", *BNB)
-DeepSpeedSequenceParallelConfig = unsupported("DeepSpeedSequenceParallelConfig", *DEEPSPEED)
 GPTTrainStep = unsupported("GPTTrainStep", *MEGATRON)
 GatheredParameters = unsupported("GatheredParameters", *DEEPSPEED)
 MSAMPRecipeKwargs = unsupported("MSAMPRecipeKwargs", *MSAMP)
@@ -40,9 +39,6 @@ disable_fsdp_ram_efficient_loading = unsupported(
 )
 enable_fsdp_ram_efficient_loading = unsupported("enable_fsdp_ram_efficient_loading", *FSDP_INTERNAL)
 ensure_weights_retied = unsupported("ensure_weights_retied", *FSDP_INTERNAL)
-filter_first_and_last_linear_layers = unsupported(
-    "filter_first_and_last_linear_layers", *FP8_INTERNAL
-)
 fsdp2_apply_ac = unsupported("fsdp2_apply_ac", *FSDP_INTERNAL)
 fsdp2_canonicalize_names = unsupported("fsdp2_canonicalize_names", *FSDP_INTERNAL)
 fsdp2_load_full_state_dict = unsupported("fsdp2_load_full_state_dict", *FSDP_INTERNAL)
@@ -53,8 +49,38 @@ has_4bit_bnb_layers = unsupported("has_4bit_bnb_layers", *BNB)
 install_xla = unsupported("install_xla", *TPU)
 load_and_quantize_model = unsupported("load_and_quantize_model", *BNB)
 prepare_deepspeed_cmd_env = unsupported("prepare_deepspeed_cmd_env", *DEEPSPEED)
-prepare_multi_gpu_env = unsupported("prepare_multi_gpu_env", *LAUNCH_ENV)
 prepare_sagemager_args_inputs = unsupported("prepare_sagemager_args_inputs", *SAGEMAKER)
-prepare_simple_launcher_cmd_env = unsupported("prepare_simple_launcher_cmd_env", *LAUNCH_ENV)
 prepare_tpu = unsupported("prepare_tpu", *TPU)
-tpu_command_parser = unsupported("tpu_command_parser", *TPU)
+sagemaker_launcher = unsupported("sagemaker_launcher", *SAGEMAKER)
+tpu_launcher = unsupported("tpu_launcher", *TPU)
+tpu_pod_launcher = unsupported("tpu_pod_launcher", *TPU)
+
+# Megatron-LM's engine and its model-config parsers.
+MegatronEngine = unsupported("MegatronEngine", *MEGATRON)
+MegatronLMOptimizerWrapper = unsupported("MegatronLMOptimizerWrapper", *MEGATRON)
+MegatronLMSchedulerWrapper = unsupported("MegatronLMSchedulerWrapper", *MEGATRON)
+finish_mpu_init = unsupported("finish_mpu_init", *MEGATRON)
+gather_across_data_parallel_groups = unsupported("gather_across_data_parallel_groups", *MEGATRON)
+initialize = unsupported("initialize", *MEGATRON)
+model_provider_func = unsupported("model_provider_func", *MEGATRON)
+prepare_model_optimizer_scheduler = unsupported("prepare_model_optimizer_scheduler", *MEGATRON)
+prepare_optimizer = unsupported("prepare_optimizer", *MEGATRON)
+prepare_scheduler = unsupported("prepare_scheduler", *MEGATRON)
+parse_bert_config = unsupported("parse_bert_config", *MEGATRON)
+parse_gpt2_config = unsupported("parse_gpt2_config", *MEGATRON)
+parse_t5_config = unsupported("parse_t5_config", *MEGATRON)
+parse_llama_config = unsupported("parse_llama_config", *MEGATRON)
+parse_glm4_moe_config = unsupported("parse_glm4_moe_config", *MEGATRON)
+MODEL_CONFIGS_TO_MEGATRON_PARSERS = {
+    "megatron-bert": parse_bert_config,
+    "gpt2": parse_gpt2_config,
+    "t5": parse_t5_config,
+    "llama": parse_llama_config,
+    "glm4_moe": parse_glm4_moe_config,
+}
+
+# bitsandbytes model conversion.
+get_keys_to_not_convert = unsupported("get_keys_to_not_convert", *BNB)
+get_quantized_model_device_map = unsupported("get_quantized_model_device_map", *BNB)
+quantize_and_offload_8bit = unsupported("quantize_and_offload_8bit", *BNB)
+replace_with_bnb_layers = unsupported("replace_with_bnb_layers", *BNB)

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
+import re
 import socket
-import warnings
+import types
 from typing import Any
 
 import torch
 from torch import nn
+
+_log = logging.getLogger("accel.utils.other")
 
 
 def is_compiled_module(module: Any) -> bool:
@@ -29,13 +33,10 @@ def has_compiled_regions(module: nn.Module) -> bool:
 
 
 def compile_regions(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
-    """Regional compilation, as the Accelerator does it: each repeated block (the entries of an
-    `nn.ModuleList`) compiled in place; a model without repeated blocks is compiled whole."""
-    from accel._dynamo import compile_blocks
+    """A twin of `module` with each repeated block compiled on its own (accel._dynamo)."""
+    from accel._dynamo import compile_regions as twin
 
-    if compile_blocks(module, **compile_kwargs):
-        return module
-    return torch.compile(module, **compile_kwargs)
+    return twin(module, **compile_kwargs)
 
 
 def extract_model_from_parallel(
@@ -52,11 +53,24 @@ def extract_model_from_parallel(
     while isinstance(inner, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
         inner = inner.module
     if not keep_fp32_wrapper:
-        inner = unwrap_forward(inner)
+        inner = _restore_original_forward(unwrap_forward(inner))
     if keep_torch_compile and compiled is not None:
         compiled._orig_mod = inner
         return compiled
     return inner
+
+
+def _restore_original_forward(model: nn.Module) -> nn.Module:
+    """Undo forward wrappers a user stacked by hand (accelerate's convention): when the model
+    keeps its bare forward as `_original_forward`, peel `__wrapped__` layers down to it."""
+    original = model.__dict__.pop("_original_forward", None)
+    if original is None:
+        return model
+    forward = model.forward
+    while hasattr(forward, "__wrapped__") and forward != original:
+        forward = forward.__wrapped__
+    model.forward = types.MethodType(getattr(forward, "__func__", forward), model)
+    return model
 
 
 def save(obj: Any, f: str | os.PathLike[str], save_on_each_node: bool = False,
@@ -71,15 +85,21 @@ def save(obj: Any, f: str | os.PathLike[str], save_on_each_node: bool = False,
     if safe_serialization:
         from safetensors.torch import save_file
 
+        if isinstance(obj, dict):
+            obj = clean_state_dict_for_safetensors(obj)
         save_file(obj, os.fspath(f), metadata={"format": "pt"})
     else:
         torch.save(obj, f)
 
 
 def load(f: str | os.PathLike[str], map_location: Any = None, **kwargs: Any) -> Any:
-    """`torch.load` with ``weights_only=True`` unless asked otherwise."""
+    """`torch.load` with ``weights_only=True`` unless asked otherwise; numpy arrays (RNG states)
+    are allowed through (`TORCH_SAFE_GLOBALS`)."""
     kwargs.setdefault("weights_only", True)
-    return torch.load(f, map_location=map_location, **kwargs)
+    if not kwargs["weights_only"]:
+        return torch.load(f, map_location=map_location, **kwargs)
+    with torch.serialization.safe_globals(TORCH_SAFE_GLOBALS):
+        return torch.load(f, map_location=map_location, **kwargs)
 
 
 def clean_state_dict_for_safetensors(
@@ -89,6 +109,7 @@ def clean_state_dict_for_safetensors(
     tensor left is contiguous."""
     seen: dict[tuple, str] = {}
     out = {}
+    removed: list[str] = []
     for name, tensor in state_dict.items():
         key = (
             tensor.device,
@@ -97,9 +118,16 @@ def clean_state_dict_for_safetensors(
             tuple(tensor.shape),
         )
         if tensor.device.type != "meta" and key in seen:
+            removed.append(name)
             continue
         seen[key] = name
         out[name] = tensor.contiguous()
+    if removed:
+        _log.warning(
+            f"Removed shared tensor {set(removed)} while saving (safetensors stores each storage "
+            f"once); they are tied again when the model loads. Check that loading warns of no "
+            f"missing keys."
+        )
     return out
 
 
@@ -142,18 +170,18 @@ def recursive_getattr(obj: Any, attr: str) -> Any:
 
 
 def check_os_kernel() -> None:
-    """Warn on a Linux kernel older than 5.5 (known to hang multi-process jobs)."""
-    if platform.system() != "Linux":
+    """Log a warning on a Linux kernel older than 5.5.0 (known to hang multi-process jobs)."""
+    info = platform.uname()
+    if info.system != "Linux":
         return
-    release = platform.release().split("-")[0].split(".")
-    try:
-        version = (int(release[0]), int(release[1]))
-    except (ValueError, IndexError):
+    found = re.search(r"\d+\.\d+\.\d+", info.release)
+    if found is None:
         return
-    if version < (5, 5):
-        warnings.warn(
-            f"Linux kernel {platform.release()} is older than 5.5; processes may hang.",
-            stacklevel=2,
+    version, minimum = found.group(0), "5.5.0"
+    if tuple(map(int, version.split("."))) < tuple(map(int, minimum.split("."))):
+        _log.warning(
+            f"Detected kernel version {version}, which is below the recommended minimum of "
+            f"{minimum}; processes may hang. Upgrade the kernel to {minimum} or newer."
         )
 
 
@@ -177,6 +205,37 @@ def model_has_dtensor(model: nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
-def get_model_tp_size(model: nn.Module) -> int:
-    """The tensor-parallel degree `model` was sharded with (1 when none)."""
-    return int(getattr(model, "tp_size", 1) or 1)
+def get_model_tp_size(model: nn.Module) -> int | None:
+    """The tensor-parallel degree a transformers `model` was sharded with; None when it was not.
+    Read from `model.tp_size` (transformers < 5), else `model.config.distributed_config`."""
+    size = getattr(model, "tp_size", None)
+    if size is not None:
+        return size
+    config = getattr(getattr(model, "config", None), "distributed_config", None)
+    if isinstance(config, dict):
+        return config.get("tp_size")
+    return getattr(config, "tp_size", None)
+
+
+def get_free_port() -> int:
+    """A TCP port on this machine that nothing listens on now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+def _safe_globals() -> list[Any]:
+    """What `torch.load(weights_only=True)` must be allowed to rebuild for the RNG states a
+    checkpoint holds: numpy arrays, their dtypes, and numpy's byte-string encoder."""
+    import codecs
+
+    import numpy as np
+
+    core = np._core if hasattr(np, "_core") else np.core
+    allowed: list[Any] = [core.multiarray._reconstruct, np.ndarray, codecs.encode, np.dtype]
+    if hasattr(np, "dtypes"):
+        allowed.append(np.dtypes.UInt32DType)
+    return allowed
+
+
+TORCH_SAFE_GLOBALS: list[Any] = _safe_globals()

@@ -1,8 +1,5 @@
 """Familiar path `accelerate.commands.estimate`: re-exports from the packages that own the code."""
 
-from accel._compat._extras import (
-    calculate_maximum_sizes,
-)
 from accel._compat._imports import (
     is_timm_available,
     is_transformers_available,
@@ -12,6 +9,7 @@ from accel._compat._other import (
     convert_bytes,
 )
 from accel_bigmodel import (
+    calculate_maximum_sizes,
     init_empty_weights,
 )
 from accel_cli._argparse import CustomArgumentParser

@@ -7,9 +7,6 @@ from accel._compat._environment import (
     patch_environment,
     str_to_bool,
 )
-from accel._compat._extras import (
-    ComputeEnvironment,
-)
 from accel._compat._imports import (
     is_bf16_available,
     is_deepspeed_available,
@@ -27,7 +24,7 @@ from accel._compat._left_out import (
 )
 from accel._compat._misc import cli_main
 from accel_cli._argparse import CustomArgumentParser, CustomHelpFormatter, clean_option
-from accel_cli._config_args import SageMakerConfig, load_config_from_file
+from accel_cli._config_args import ComputeEnvironment, SageMakerConfig, load_config_from_file
 from accel_cli._constants import (
     DEEPSPEED_MULTINODE_LAUNCHERS,
     DYNAMO_BACKENDS,

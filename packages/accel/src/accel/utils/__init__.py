@@ -44,11 +44,9 @@ from accel._compat._environment import (
     str_to_bool,
 )
 from accel._compat._extras import (
-    ComputeEnvironment,
     CustomDtype,
     DynamoBackend,
     KwargsHandler,
-    calculate_maximum_sizes,
     check_tied_parameters_in_config,
     get_grad_scaler,
     get_mixed_precision_context_manager,
@@ -126,7 +124,6 @@ from accel._compat._left_out import (
     AbstractTrainStep,
     BertTrainStep,
     BnbQuantizationConfig,
-    DeepSpeedSequenceParallelConfig,
     GatheredParameters,
     GPTTrainStep,
     MegatronLMDummyDataLoader,
@@ -146,7 +143,6 @@ from accel._compat._left_out import (
     disable_fsdp_ram_efficient_loading,
     enable_fsdp_ram_efficient_loading,
     ensure_weights_retied,
-    filter_first_and_last_linear_layers,
     fsdp2_apply_ac,
     fsdp2_canonicalize_names,
     fsdp2_load_full_state_dict,
@@ -157,15 +153,14 @@ from accel._compat._left_out import (
     install_xla,
     load_and_quantize_model,
     prepare_deepspeed_cmd_env,
-    prepare_multi_gpu_env,
     prepare_sagemager_args_inputs,
-    prepare_simple_launcher_cmd_env,
     prepare_tpu,
 )
 from accel._compat._misc import write_basic_config
+from accel._compat._modules import filter_first_and_last_linear_layers
 from accel._compat._operations import (
-    CannotPadNestedTensorWarning,
     TensorInformation,
+    convert_outputs_to_fp32,
     convert_to_fp32,
     copy_tensor_to_devices,
     find_device,
@@ -213,6 +208,7 @@ from accel_bigmodel import (
     OffloadedWeightsLoader,
     PrefixedDataset,
     align_module_device,
+    calculate_maximum_sizes,
     check_device_map,
     check_tied_parameters_on_same_device,
     compute_module_sizes,
@@ -236,6 +232,8 @@ from accel_bigmodel import (
     save_offload_index,
     set_module_tensor_to_device,
 )
+from accel_cli._config_args import ComputeEnvironment
+from accel_cli._familiar import prepare_multi_gpu_env, prepare_simple_launcher_cmd_env
 from accel_data import DataLoaderConfiguration
 from accel_parallel import (
     DDPCommunicationHookType,
@@ -245,24 +243,27 @@ from accel_parallel import (
     DummyScheduler,
     FullyShardedDataParallelPlugin,
     HfDeepSpeedConfig,
-    ParallelismConfig,
-    TorchContextParallelConfig,
     TorchTensorParallelConfig,
     TorchTensorParallelPlugin,
 )
 from accel_parallel._deepspeed_parts import map_pytorch_optim_to_deepspeed
+from accel_parallel._env_filled import (
+    DeepSpeedSequenceParallelConfig,
+    ParallelismConfig,
+    TorchContextParallelConfig,
+)
 from accel_precision import (
     AORecipeKwargs,
     AutocastKwargs,
     FP8RecipeKwargs,
     GradScalerKwargs,
     TERecipeKwargs,
-    convert_outputs_to_fp32,
+    convert_model_to_fp8_ao,
 )
-from accel_precision import convert_to_ao_float8 as convert_model_to_fp8_ao
 from accel_precision import has_ao_float8_layers as has_ao_layers
 from accel_precision import has_te_layers as has_transformer_engine_layers
 from accel_state import (
+    CannotPadNestedTensorWarning,
     DistributedType,
     InitProcessGroupKwargs,
     LoggerType,

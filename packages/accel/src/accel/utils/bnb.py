@@ -6,9 +6,14 @@ from accel._compat._imports import (
 )
 from accel._compat._left_out import (
     BnbQuantizationConfig,
+    get_keys_to_not_convert,
+    get_quantized_model_device_map,
     has_4bit_bnb_layers,
     load_and_quantize_model,
+    quantize_and_offload_8bit,
+    replace_with_bnb_layers,
 )
+from accel._compat._modules import get_parameter_device
 from accel_bigmodel import (
     dispatch_model,
     find_tied_parameters,
@@ -20,7 +25,15 @@ from accel_bigmodel import (
     set_module_tensor_to_device,
 )
 
-__all__ = ["has_4bit_bnb_layers", "load_and_quantize_model"]
+__all__ = [
+    "get_keys_to_not_convert",
+    "get_parameter_device",
+    "get_quantized_model_device_map",
+    "has_4bit_bnb_layers",
+    "load_and_quantize_model",
+    "quantize_and_offload_8bit",
+    "replace_with_bnb_layers",
+]
 
 # accelerate's module binds these too; users import them from here
 __all__ += [

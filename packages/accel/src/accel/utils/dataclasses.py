@@ -7,6 +7,10 @@ from accel._accelerator import (
     TorchDynamoPlugin,
 )
 from accel._compat._constants import (
+    BETA_CP_AVAILABLE_PYTORCH_VERSION,
+    BETA_TP_AVAILABLE_PYTORCH_VERSION,
+    BETA_TP_AVAILABLE_TRANSFORMERS_VERSION,
+    FSDP2_PYTORCH_VERSION,
     FSDP_AUTO_WRAP_POLICY,
     FSDP_BACKWARD_PREFETCH,
     FSDP_SHARDING_STRATEGY,
@@ -17,7 +21,14 @@ from accel._compat._environment import (
     parse_flag_from_env,
     str_to_bool,
 )
-from accel._compat._extras import ComputeEnvironment, CustomDtype, DynamoBackend, KwargsHandler
+from accel._compat._extras import (
+    BaseEnum,
+    CustomDtype,
+    DynamoBackend,
+    EnumWithContains,
+    FP8BackendType,
+    KwargsHandler,
+)
 from accel._compat._imports import (
     is_cuda_available,
     is_msamp_available,
@@ -26,27 +37,37 @@ from accel._compat._imports import (
     is_transformer_engine_available,
 )
 from accel._compat._left_out import (
+    MODEL_CONFIGS_TO_MEGATRON_PARSERS,
     BnbQuantizationConfig,
-    DeepSpeedSequenceParallelConfig,
     MegatronLMPlugin,
     MSAMPRecipeKwargs,
     SageMakerDistributedType,
     add_model_config_to_megatron_parser,
+    parse_bert_config,
+    parse_glm4_moe_config,
+    parse_gpt2_config,
+    parse_llama_config,
+    parse_t5_config,
 )
+from accel._compat._modules import get_module_class_from_name
 from accel._compat._operations import TensorInformation
 from accel._compat._versions import (
     compare_versions,
     is_torch_version,
 )
+from accel_cli._config_args import ComputeEnvironment
 from accel_data import DataLoaderConfiguration
 from accel_parallel import (
     DDPCommunicationHookType,
     DeepSpeedPlugin,
     DistributedDataParallelKwargs,
     FullyShardedDataParallelPlugin,
-    TorchContextParallelConfig,
     TorchTensorParallelConfig,
     TorchTensorParallelPlugin,
+)
+from accel_parallel._env_filled import (
+    DeepSpeedSequenceParallelConfig,
+    TorchContextParallelConfig,
 )
 from accel_precision import (
     AORecipeKwargs,
@@ -58,10 +79,16 @@ from accel_precision import (
 from accel_state import DistributedType, InitProcessGroupKwargs, LoggerType, PrecisionType, RNGType
 
 __all__ = [
+    "BETA_CP_AVAILABLE_PYTORCH_VERSION",
+    "BETA_TP_AVAILABLE_PYTORCH_VERSION",
+    "BETA_TP_AVAILABLE_TRANSFORMERS_VERSION",
+    "FSDP2_PYTORCH_VERSION",
     "MITA_PROFILING_AVAILABLE_PYTORCH_VERSION",
+    "MODEL_CONFIGS_TO_MEGATRON_PARSERS",
     "XPU_PROFILING_AVAILABLE_PYTORCH_VERSION",
     "AORecipeKwargs",
     "AutocastKwargs",
+    "BaseEnum",
     "BnbQuantizationConfig",
     "ComputeEnvironment",
     "CustomDtype",
@@ -72,6 +99,8 @@ __all__ = [
     "DistributedDataParallelKwargs",
     "DistributedType",
     "DynamoBackend",
+    "EnumWithContains",
+    "FP8BackendType",
     "FP8RecipeKwargs",
     "FullyShardedDataParallelPlugin",
     "GradScalerKwargs",
@@ -93,6 +122,12 @@ __all__ = [
     "TorchTensorParallelConfig",
     "TorchTensorParallelPlugin",
     "add_model_config_to_megatron_parser",
+    "get_module_class_from_name",
+    "parse_bert_config",
+    "parse_glm4_moe_config",
+    "parse_gpt2_config",
+    "parse_llama_config",
+    "parse_t5_config",
 ]
 
 # accelerate's module binds these too; users import them from here

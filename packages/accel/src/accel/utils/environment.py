@@ -1,6 +1,7 @@
 """Familiar path `accelerate.utils.environment`: re-exports from the packages that own the code."""
 
 from accel._compat._environment import (
+    CPUInformation,
     are_libraries_initialized,
     check_cuda_fp8_capability,
     check_cuda_p2p_ib_support,
@@ -8,8 +9,10 @@ from accel._compat._environment import (
     convert_dict_to_env_variables,
     get_cpu_distributed_information,
     get_current_device_type,
+    get_driver_version,
     get_gpu_info,
     get_int_from_env,
+    override_numa_affinity,
     parse_choice_from_env,
     parse_flag_from_env,
     patch_environment,
@@ -19,6 +22,7 @@ from accel._compat._environment import (
 )
 
 __all__ = [
+    "CPUInformation",
     "are_libraries_initialized",
     "check_cuda_fp8_capability",
     "check_cuda_p2p_ib_support",
@@ -26,8 +30,10 @@ __all__ = [
     "convert_dict_to_env_variables",
     "get_cpu_distributed_information",
     "get_current_device_type",
+    "get_driver_version",
     "get_gpu_info",
     "get_int_from_env",
+    "override_numa_affinity",
     "parse_choice_from_env",
     "parse_flag_from_env",
     "patch_environment",

@@ -1,6 +1,11 @@
 """Familiar path `accelerate.utils.fsdp_utils`: re-exports from the packages that own the code."""
 
-from accel._compat._constants import OPTIMIZER_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
+from accel._compat._constants import (
+    FSDP_MODEL_NAME,
+    OPTIMIZER_NAME,
+    SAFE_WEIGHTS_NAME,
+    WEIGHTS_NAME,
+)
 from accel._compat._extras import (
     is_peft_model,
 )
@@ -21,6 +26,11 @@ from accel._compat._left_out import (
     fsdp2_switch_optimizer_parameters,
     get_fsdp2_grad_scaler,
 )
+from accel._compat._modules import (
+    fsdp2_prepare_auto_wrap_policy,
+    get_module_class_from_name,
+    get_parameters_from_modules,
+)
 from accel._compat._other import (
     get_module_children_bottom_up,
     is_compiled_module,
@@ -33,8 +43,10 @@ from accel._export import merge_fsdp_weights
 from accel._logging import (
     get_logger,
 )
+from accel_bigmodel import get_non_persistent_buffers
 
 __all__ = [
+    "FSDP_MODEL_NAME",
     "OPTIMIZER_NAME",
     "SAFE_WEIGHTS_NAME",
     "WEIGHTS_NAME",
@@ -44,9 +56,13 @@ __all__ = [
     "fsdp2_apply_ac",
     "fsdp2_canonicalize_names",
     "fsdp2_load_full_state_dict",
+    "fsdp2_prepare_auto_wrap_policy",
     "fsdp2_prepare_model",
     "fsdp2_switch_optimizer_parameters",
     "get_fsdp2_grad_scaler",
+    "get_module_class_from_name",
+    "get_non_persistent_buffers",
+    "get_parameters_from_modules",
     "load_fsdp_model",
     "load_fsdp_optimizer",
     "merge_fsdp_weights",

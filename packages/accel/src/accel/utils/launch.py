@@ -1,5 +1,6 @@
 """Familiar path `accelerate.utils.launch`: re-exports from the packages that own the code."""
 
+from accel._compat._constants import DEEPSPEED_MULTINODE_LAUNCHERS
 from accel._compat._environment import (
     str_to_bool,
 )
@@ -9,21 +10,31 @@ from accel._compat._extras import (
 from accel._compat._imports import (
     is_fp8_available,
 )
+from accel._compat._launch_env import (
+    env_var_path_add,
+    prepare_extend_env_parallelism_config,
+    setup_fp8_env,
+)
 from accel._compat._left_out import (
     PrepareForLaunch,
     SageMakerDistributedType,
     prepare_deepspeed_cmd_env,
-    prepare_multi_gpu_env,
     prepare_sagemager_args_inputs,
-    prepare_simple_launcher_cmd_env,
     prepare_tpu,
 )
 from accel._compat._other import (
+    get_free_port,
     is_port_in_use,
     merge_dicts,
 )
 from accel._compat._versions import (
     compare_versions,
+)
+from accel_cli._config_args import SageMakerConfig
+from accel_cli._familiar import (
+    _convert_nargs_to_dict,
+    prepare_multi_gpu_env,
+    prepare_simple_launcher_cmd_env,
 )
 from accel_state import (
     DistributedType,
@@ -31,12 +42,19 @@ from accel_state import (
 )
 
 __all__ = [
+    "DEEPSPEED_MULTINODE_LAUNCHERS",
     "PrepareForLaunch",
+    "SageMakerConfig",
+    "_convert_nargs_to_dict",
+    "env_var_path_add",
+    "get_free_port",
     "prepare_deepspeed_cmd_env",
+    "prepare_extend_env_parallelism_config",
     "prepare_multi_gpu_env",
     "prepare_sagemager_args_inputs",
     "prepare_simple_launcher_cmd_env",
     "prepare_tpu",
+    "setup_fp8_env",
 ]
 
 # accelerate's module binds these too; users import them from here

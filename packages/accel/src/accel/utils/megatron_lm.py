@@ -11,12 +11,22 @@ from accel._compat._left_out import (
     AbstractTrainStep,
     BertTrainStep,
     GPTTrainStep,
+    MegatronEngine,
     MegatronLMDummyDataLoader,
     MegatronLMDummyScheduler,
+    MegatronLMOptimizerWrapper,
+    MegatronLMSchedulerWrapper,
     T5TrainStep,
     avg_losses_across_data_parallel_group,
+    finish_mpu_init,
+    gather_across_data_parallel_groups,
+    initialize,
+    model_provider_func,
+    prepare_model_optimizer_scheduler,
+    prepare_optimizer,
+    prepare_scheduler,
 )
-from accel_data import (
+from accel._data_loader import (
     prepare_data_loader,
 )
 from accel_state import (
@@ -28,10 +38,20 @@ __all__ = [
     "AbstractTrainStep",
     "BertTrainStep",
     "GPTTrainStep",
+    "MegatronEngine",
     "MegatronLMDummyDataLoader",
     "MegatronLMDummyScheduler",
+    "MegatronLMOptimizerWrapper",
+    "MegatronLMSchedulerWrapper",
     "T5TrainStep",
     "avg_losses_across_data_parallel_group",
+    "finish_mpu_init",
+    "gather_across_data_parallel_groups",
+    "initialize",
+    "model_provider_func",
+    "prepare_model_optimizer_scheduler",
+    "prepare_optimizer",
+    "prepare_scheduler",
 ]
 
 # accelerate's module binds these too; users import them from here

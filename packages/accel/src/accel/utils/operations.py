@@ -4,26 +4,36 @@ from accel._accelerator import (
     AcceleratorState,
 )
 from accel._compat._constants import TORCH_DISTRIBUTED_OPERATION_TYPES
+from accel._compat._imports import is_torch_distributed_available
 from accel._compat._left_out import GatheredParameters
 from accel._compat._operations import (
-    CannotPadNestedTensorWarning,
+    TENSOR_INT_TO_DTYPE,
+    TENSOR_TYPE_TO_INT,
+    ConvertOutputsToFp32,
     TensorInformation,
+    chained_operation,
+    convert_outputs_to_fp32,
     convert_to_fp32,
     copy_tensor_to_devices,
     find_device,
+    gather_tensor_shape,
     get_data_structure,
+    get_shape,
     ignorant_find_batch_size,
     initialize_tensors,
     is_tensor_information,
+    is_torch_xpu_tensor,
     listify,
     pad_input_tensors,
     slice_tensors,
+    verify_operation,
 )
 from accel._compat._versions import (
     is_torch_version,
 )
-from accel_precision import convert_outputs_to_fp32
 from accel_state import (
+    CannotPadNestedTensorWarning,
+    DistributedOperationException,
     DistributedType,
     PartialState,
     broadcast,
@@ -42,11 +52,16 @@ from accel_state import (
 )
 
 __all__ = [
+    "TENSOR_INT_TO_DTYPE",
+    "TENSOR_TYPE_TO_INT",
     "TORCH_DISTRIBUTED_OPERATION_TYPES",
     "CannotPadNestedTensorWarning",
+    "ConvertOutputsToFp32",
+    "DistributedOperationException",
     "GatheredParameters",
     "broadcast",
     "broadcast_object_list",
+    "chained_operation",
     "concatenate",
     "convert_outputs_to_fp32",
     "convert_to_fp32",
@@ -55,13 +70,17 @@ __all__ = [
     "find_device",
     "gather",
     "gather_object",
+    "gather_tensor_shape",
     "get_data_structure",
+    "get_shape",
     "honor_type",
     "ignorant_find_batch_size",
     "initialize_tensors",
     "is_namedtuple",
     "is_tensor_information",
+    "is_torch_distributed_available",
     "is_torch_tensor",
+    "is_torch_xpu_tensor",
     "listify",
     "pad_across_processes",
     "pad_input_tensors",
@@ -69,6 +88,7 @@ __all__ = [
     "reduce",
     "send_to_device",
     "slice_tensors",
+    "verify_operation",
 ]
 
 # accelerate's module binds these too; users import them from here

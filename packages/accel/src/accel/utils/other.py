@@ -1,7 +1,10 @@
 """Familiar path `accelerate.utils.other`: re-exports from the packages that own the code."""
 
+from accel._compat._constants import FSDP_PYTORCH_VERSION
 from accel._compat._imports import (
     is_deepspeed_available,
+    is_numpy_available,
+    is_torch_distributed_available,
     is_weights_only_available,
 )
 from accel._compat._left_out import (
@@ -12,12 +15,15 @@ from accel._compat._left_out import (
 from accel._compat._misc import (
     write_basic_config,
 )
+from accel._compat._modules import has_repeated_blocks, is_repeated_blocks
 from accel._compat._other import (
+    TORCH_SAFE_GLOBALS,
     check_os_kernel,
     clean_state_dict_for_safetensors,
     compile_regions,
     convert_bytes,
     extract_model_from_parallel,
+    get_free_port,
     get_model_tp_size,
     get_module_children_bottom_up,
     get_pretty_name,
@@ -46,6 +52,8 @@ from accel_state import (
 )
 
 __all__ = [
+    "FSDP_PYTORCH_VERSION",
+    "TORCH_SAFE_GLOBALS",
     "check_os_kernel",
     "clean_state_dict_for_safetensors",
     "compile_regions",
@@ -53,12 +61,17 @@ __all__ = [
     "compile_regions_fsdp2",
     "convert_bytes",
     "extract_model_from_parallel",
+    "get_free_port",
     "get_model_tp_size",
     "get_module_children_bottom_up",
     "get_pretty_name",
     "has_compiled_regions",
+    "has_repeated_blocks",
     "is_compiled_module",
+    "is_numpy_available",
     "is_port_in_use",
+    "is_repeated_blocks",
+    "is_torch_distributed_available",
     "load",
     "merge_dicts",
     "model_has_dtensor",

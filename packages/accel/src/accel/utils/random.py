@@ -3,6 +3,7 @@
 from accel._accelerator import (
     AcceleratorState,
 )
+from accel._compat._constants import CUDA_DISTRIBUTED_TYPES
 from accel_state import (
     DistributedType,
     RNGType,
@@ -11,7 +12,12 @@ from accel_state import (
     synchronize_rng_states,
 )
 
-__all__ = ["set_seed", "synchronize_rng_state", "synchronize_rng_states"]
+__all__ = [
+    "CUDA_DISTRIBUTED_TYPES",
+    "set_seed",
+    "synchronize_rng_state",
+    "synchronize_rng_states",
+]
 
 # accelerate's module binds these too; users import them from here
 __all__ += [

@@ -1,6 +1,7 @@
 """Familiar path `accelerate.utils.tqdm`: re-exports from the packages that own the code."""
 
 from accel._compat._extras import tqdm
+from accel._compat._imports import is_tqdm_available
 from accel_state import (
     PartialState,
 )
@@ -10,4 +11,5 @@ __all__ = ["tqdm"]
 # accelerate's module binds these too; users import them from here
 __all__ += [
     "PartialState",
+    "is_tqdm_available",
 ]

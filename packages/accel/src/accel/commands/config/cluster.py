@@ -6,9 +6,6 @@ from accel._compat._constants import (
     FSDP_SHARDING_STRATEGY,
     FSDP_STATE_DICT_TYPE,
 )
-from accel._compat._extras import (
-    ComputeEnvironment,
-)
 from accel._compat._imports import (
     is_deepspeed_available,
     is_fp8_available,
@@ -18,7 +15,7 @@ from accel._compat._imports import (
     is_transformer_engine_available,
     is_transformers_available,
 )
-from accel_cli._config_args import ClusterConfig
+from accel_cli._config_args import ClusterConfig, ComputeEnvironment
 from accel_cli._config_compat import get_cluster_input
 from accel_cli._constants import (
     DEEPSPEED_MULTINODE_LAUNCHERS,

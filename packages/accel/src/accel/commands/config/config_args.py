@@ -1,12 +1,15 @@
 """Familiar path `accelerate.commands.config.config_args`: re-exports from the packages that own the code."""
 
-from accel._compat._extras import (
-    ComputeEnvironment,
-)
 from accel._compat._left_out import (
     SageMakerDistributedType,
 )
-from accel_cli._config_args import BaseConfig, ClusterConfig, SageMakerConfig, load_config_from_file
+from accel_cli._config_args import (
+    BaseConfig,
+    ClusterConfig,
+    ComputeEnvironment,
+    SageMakerConfig,
+    load_config_from_file,
+)
 from accel_cli._constants import (
     SAGEMAKER_PYTHON_VERSION,
     SAGEMAKER_PYTORCH_VERSION,

@@ -1,7 +1,6 @@
 """Familiar path `accelerate.commands.config.config_utils`: re-exports from the packages that own the code."""
 
 from accel._compat._extras import (
-    ComputeEnvironment,
     DynamoBackend,
     FP8BackendType,
 )
@@ -9,6 +8,7 @@ from accel._compat._left_out import (
     SageMakerDistributedType,
 )
 from accel_cli._argparse import SubcommandHelpFormatter
+from accel_cli._config_args import ComputeEnvironment
 from accel_cli._config_compat import BulletMenu
 from accel_cli._constants import DYNAMO_BACKENDS
 from accel_state import (

@@ -1,15 +1,12 @@
 """Familiar path `accelerate.commands.config.sagemaker`: re-exports from the packages that own the code."""
 
-from accel._compat._extras import (
-    ComputeEnvironment,
-)
 from accel._compat._imports import (
     is_boto3_available,
 )
 from accel._compat._left_out import (
     SageMakerDistributedType,
 )
-from accel_cli._config_args import SageMakerConfig
+from accel_cli._config_args import ComputeEnvironment, SageMakerConfig
 from accel_cli._config_compat import get_sagemaker_input
 from accel_cli._constants import (
     DYNAMO_BACKENDS,

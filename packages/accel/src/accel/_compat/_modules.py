@@ -1,0 +1,131 @@
+"""Questions about a model's structure that accelerate's helpers answer: which class is
+named X, which layers repeat, which linear layers come first and last, which parameters a
+list of modules (or a name pattern) covers, and which submodules FSDP2 should shard."""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def get_module_class_from_name(module: nn.Module, name: str) -> type[nn.Module] | None:
+    """The class of the first submodule of `module` (itself included, depth first) whose class
+    is called `name`; None when there is none."""
+    for sub in module.modules():
+        if type(sub).__name__ == name:
+            return type(sub)
+    return None
+
+
+def is_repeated_blocks(module: nn.Module) -> bool:
+    """True for a non-empty `nn.ModuleList` whose entries are all of its first entry's class
+    (the blocks regional compilation compiles once and reuses)."""
+    return (
+        isinstance(module, nn.ModuleList)
+        and len(module) > 0
+        and all(isinstance(m, type(module[0])) for m in module)
+    )
+
+
+def has_repeated_blocks(module: nn.Module) -> bool:
+    """True when `module` or any submodule is a block of repeated layers (`is_repeated_blocks`)."""
+    return bool(module._modules) and any(is_repeated_blocks(m) for m in module.modules())
+
+
+def find_first_last_linear_layers(model: nn.Module) -> tuple[str | None, str | None]:
+    """The qualified names of the first and last `nn.Linear` of `model`, in registration order
+    (None, None when it has none). fp8 keeps these two in high precision for stability."""
+    names = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    return (names[0], names[-1]) if names else (None, None)
+
+
+def filter_linear_layers(module: nn.Module, fqn: str, layers_to_filter: list[str]) -> bool:
+    """Whether torchao may convert `module` (named `fqn`) to fp8: not a `nn.Linear` whose
+    in/out features are not both divisible by 16, and not one of `layers_to_filter`."""
+    if isinstance(module, nn.Linear) and (module.in_features % 16 or module.out_features % 16):
+        return False
+    return fqn not in layers_to_filter
+
+
+def filter_first_and_last_linear_layers(module: nn.Module, fqn: str) -> bool:
+    """`filter_linear_layers` that keeps the first and last linear layers of `module` out."""
+    first, last = find_first_last_linear_layers(module)
+    return filter_linear_layers(module, fqn, [n for n in (first, last) if n is not None])
+
+
+def get_parameters_from_modules(
+    modules: Iterable[nn.Module] | str | None, model: nn.Module, device: Any
+) -> set[nn.Parameter]:
+    """The parameters of `modules`: a list of modules, or a regular expression matched in full
+    against the qualified names of `model`'s submodules (those are moved to `device` first)."""
+    if modules is None:
+        return set()
+    if isinstance(modules, str):
+        pattern = re.compile(modules)
+        modules = [m.to(device) for n, m in model.named_modules() if pattern.fullmatch(n)]
+    return {p for m in modules for p in m.parameters()}
+
+
+def _policy_name(policy: Any) -> str | None:
+    if isinstance(policy, functools.partial):
+        policy = policy.func
+    if isinstance(policy, str):
+        return policy.lower()
+    name = getattr(policy, "__name__", None)
+    aliases = {
+        "transformer_auto_wrap_policy": "transformer_based_wrap",
+        "size_based_auto_wrap_policy": "size_based_wrap",
+    }
+    return aliases.get(name) if getattr(policy, "__module__", "").startswith("torch.") else None
+
+
+def fsdp2_prepare_auto_wrap_policy(
+    fsdp2_plugin: Any, model: nn.Module
+) -> Callable[[nn.Module], bool] | None:
+    """The `module -> bool` test saying which submodules get their own FSDP2 shard group, from
+    the plugin's `auto_wrap_policy`: transformer-based (the classes named in
+    `transformer_cls_names_to_wrap`, else the model's `_no_split_modules`), size-based (more
+    than `min_num_params` parameters); None for any other policy."""
+    kind = _policy_name(fsdp2_plugin.auto_wrap_policy)
+    if kind == "transformer_based_wrap":
+        names = fsdp2_plugin.transformer_cls_names_to_wrap
+        if names is None:
+            names = list(getattr(model, "_no_split_modules", None) or [])
+        classes = []
+        for name in names:
+            cls = get_module_class_from_name(model, name)
+            if cls is None:
+                raise ValueError(
+                    f"transformer_cls_names_to_wrap names {name!r}, which no submodule of the "
+                    f"model is; name a class the model contains."
+                )
+            classes.append(cls)
+        wrap = tuple(classes)
+
+        def by_class(module: nn.Module) -> bool:
+            module = getattr(module, "_checkpoint_wrapped_module", module)
+            return bool(wrap) and isinstance(module, wrap)
+
+        return by_class
+    if kind == "size_based_wrap":
+        threshold = int(fsdp2_plugin.min_num_params or 0)
+
+        def by_size(module: nn.Module) -> bool:
+            return sum(p.numel() for p in module.parameters()) > threshold
+
+        return by_size
+    return None
+
+
+def get_parameter_device(parameter: nn.Module) -> torch.device:
+    """The device of the first parameter (else buffer) of `parameter`; CPU when it holds none."""
+    for tensor in parameter.parameters():
+        return tensor.device
+    for tensor in parameter.buffers():
+        return tensor.device
+    return torch.device("cpu")
