@@ -1,4 +1,5 @@
 import json
+import sys
 from unittest import mock
 
 import numpy as np
@@ -166,3 +167,9 @@ def test_artifacts_and_figures(store, tmp_path):
     assert listed("files") == ["files/b.txt"]
     assert listed("dir") == ["dir/a.txt"]
     assert listed("plots") == ["plots/fig.png"]
+
+
+def test_missing_mlflow_names_the_install_command(monkeypatch):
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # as if not installed
+    with pytest.raises(ImportError, match=r"pip install accel-tracking\[mlflow\]"):
+        MLflowTracker("proj")

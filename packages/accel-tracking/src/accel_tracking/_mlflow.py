@@ -160,31 +160,34 @@ class MLflowTracker(GeneralTracker):
         with another value keeps it, with a warning (MLflow forbids changing a param).
         """
         self.start()
-        max_length = self._limit("MAX_PARAM_VAL_LENGTH", MAX_PARAM_VALUE_LENGTH)
         logged = self._mlflow.get_run(self.run_id).data.params
         params: dict[str, str] = {}
         for key, value in values.items():
-            key, text = self._key(str(key)), str(to_python_tree(value))
-            if len(text) > max_length:
-                warn_once(
-                    self._warned,
-                    self.name,
-                    key,
-                    f"is {len(text)} characters long, over MLflow's {max_length}; skipped",
-                )
-            elif key in logged:
-                if logged[key] != text:
-                    warnings.warn(
-                        f"mlflow tracker: param {key!r} was already logged as {logged[key]!r}; "
-                        f"MLflow cannot change it to {text!r}, so it is kept.",
-                        stacklevel=2,
-                    )
-            else:
+            key, text = self._key(str(key)), self._param_text(str(key), value)
+            if text is None:
+                continue
+            if key not in logged:
                 params[key] = text
+            elif logged[key] != text:
+                warnings.warn(
+                    f"mlflow tracker: param {key!r} was already logged as {logged[key]!r}; "
+                    f"MLflow cannot change it to {text!r}, so it is kept.",
+                    stacklevel=2,
+                )
         items = list(params.items())
         size = self._limit("MAX_PARAMS_TAGS_PER_BATCH", MAX_PARAMS_PER_BATCH)
         for i in range(0, len(items), size):
             self._mlflow.log_params(dict(items[i : i + size]), run_id=self.run_id)
+
+    def _param_text(self, key: str, value: Any) -> str | None:
+        """`value` as MLflow stores it, or None (with a warning) when it is too long."""
+        text = str(to_python_tree(value))
+        limit = self._limit("MAX_PARAM_VAL_LENGTH", MAX_PARAM_VALUE_LENGTH)
+        if len(text) <= limit:
+            return text
+        what = f"is {len(text)} characters long, over MLflow's {limit}; skipped"
+        warn_once(self._warned, self.name, key, what)
+        return None
 
     def log(self, values: Mapping[str, Any], step: int | None = None, **kwargs: Any) -> None:
         """``mlflow.log_metrics`` of the numbers in `values` at `step` (MLflow's 0 when None).
