@@ -142,3 +142,86 @@ def test_a_plan_that_would_split_a_tied_weight_is_refused() -> None:
     for plan in ({"head": "colwise"}, {"embed": "embedding_rowwise", "body": "colwise"}):
         with pytest.raises(ValueError, match=r"\['embed.weight', 'head.weight'\] are one tied"):
             apply_tensor_parallel(Tied(), None, plan)  # refused before any mesh is touched
+
+
+def test_accelerate_spelling_fills_unset_fields_from_the_environment(monkeypatch) -> None:
+    from accel_parallel import ParallelismConfig, resolve_parallelism_config
+    from accel_parallel._env_filled import ParallelismConfig as EnvParallelismConfig
+
+    monkeypatch.setenv("PARALLELISM_CONFIG_DP_SHARD_SIZE", "2")
+    monkeypatch.setenv("PARALLELISM_CONFIG_TP_SIZE", "2")
+    monkeypatch.setenv("PARALLELISM_CONFIG_CP_COMM_STRATEGY", "alltoall")
+    c = EnvParallelismConfig()
+    assert (c.dp_replicate_size, c.dp_shard_size, c.tp_size, c.cp_size) == (1, 2, 2, 1)
+    assert EnvParallelismConfig(tp_size=4).tp_size == 4  # the code's value wins
+    assert ParallelismConfig().tp_size == 1  # accel_parallel's own class reads nothing
+    assert isinstance(c, ParallelismConfig) and repr(c).startswith("ParallelismConfig(")
+    resolved = resolve_parallelism_config(c, world_size=4)
+    assert type(resolved) is EnvParallelismConfig and resolved.total_size == 4
+    cp = EnvParallelismConfig(dp_shard_size=1, tp_size=1, cp_size=2)
+    assert cp.cp_handler.cp_comm_strategy == "alltoall"
+    assert ParallelismConfig(cp_size=2).cp_handler.cp_comm_strategy == "allgather"
+    monkeypatch.setenv("PARALLELISM_CONFIG_CP_COMM_STRATEGY", "ring")
+    with pytest.raises(ValueError, match="Invalid cp_comm_strategy: ring"):
+        EnvParallelismConfig(dp_shard_size=1, tp_size=1, cp_size=2)
+    monkeypatch.setenv("PARALLELISM_CONFIG_TP_SIZE", "two")
+    with pytest.raises(ValueError, match="PARALLELISM_CONFIG_TP_SIZE='two'"):
+        EnvParallelismConfig()
+
+
+def test_fields_take_accelerates_positions_and_backends() -> None:
+    from accel_parallel import ParallelismConfig
+
+    c = ParallelismConfig(2, 4)
+    assert (c.dp_replicate_size, c.dp_shard_size, c.cp_backend, c.sp_backend) == (
+        2, 4, "torch", "deepspeed"
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="cp_backend='ring'"):
+        ParallelismConfig(cp_backend="ring")
+    with pytest.raises(ValueError, match="takes a TorchContextParallelConfig"):
+        ParallelismConfig(cp_size=2, cp_handler=object())
+
+
+def test_sequence_parallel_is_carried_but_refused_for_a_run(monkeypatch) -> None:
+    from accel_parallel import ParallelismConfig
+    from accel_parallel._env_filled import DeepSpeedSequenceParallelConfig as EnvSP
+    from accel_parallel._sequence_parallel import DeepSpeedSequenceParallelConfig
+
+    c = ParallelismConfig(sp_size=2)
+    assert c.sp_handler.sp_seq_length_is_variable is True
+    assert (c.non_dp_dim_names, c.total_size) == (["sp"], 2)
+    assert c.build_device_mesh("cpu") is None  # DeepSpeed makes its own groups
+    with pytest.raises(ValueError, match="sp_size=2.*does not train"):
+        c.resolved(2)
+    with pytest.raises(ValueError, match="set one of them to 1"):
+        ParallelismConfig(cp_size=2, sp_size=2)
+    with pytest.raises(ValueError, match="Invalid sp_attn_implementation: foobar"):
+        DeepSpeedSequenceParallelConfig(sp_attn_implementation="foobar")
+    assert DeepSpeedSequenceParallelConfig(sp_attn_implementation="org/flash-attn3")
+    with pytest.raises(ValueError, match="needs sp_seq_length"):
+        DeepSpeedSequenceParallelConfig(sp_seq_length_is_variable=False)
+    monkeypatch.setenv("PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE", "false")
+    monkeypatch.setenv("PARALLELISM_CONFIG_SP_SEQ_LENGTH", "128")
+    assert (EnvSP().sp_seq_length_is_variable, EnvSP().sp_seq_length) == (False, 128)
+
+
+def test_build_device_mesh_slices_by_name_lists_and_checks_a_real_group(monkeypatch) -> None:
+    from unittest.mock import MagicMock
+
+    import torch.distributed as dist
+    import torch.distributed.device_mesh as device_mesh
+
+    from accel_parallel import ParallelismConfig
+
+    sliced = []
+    mesh = MagicMock()
+    mesh.__getitem__.side_effect = lambda key: sliced.append(key) or MagicMock()
+    monkeypatch.setattr(device_mesh, "init_device_mesh", lambda *a, **k: mesh)
+    c = ParallelismConfig(dp_replicate_size=2, dp_shard_size=2, cp_size=2)
+    assert c.build_device_mesh("cpu") is mesh  # no process group: nothing to check against
+    assert sliced == [["dp_replicate", "dp_shard"], ["dp_shard", "cp"],
+                      ["dp_replicate", "dp_shard", "cp"]]  # fmt: skip
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 4)
+    with pytest.raises(ValueError, match="= 8, but the run has 4 processes"):
+        ParallelismConfig(dp_shard_size=8).build_device_mesh("cpu")

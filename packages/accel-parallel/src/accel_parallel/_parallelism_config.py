@@ -198,9 +198,7 @@ class ParallelismConfig:
     tp_enabled = property(lambda self: self.tp_size > 1)
     cp_enabled = property(lambda self: self.cp_size > 1)
     sp_enabled = property(lambda self: self.sp_size > 1)
-    total_size = property(
-        lambda self: self.data_parallel_size * self.non_data_parallel_size
-    )
+    total_size = property(lambda self: self.data_parallel_size * self.non_data_parallel_size)
     data_parallel_size = property(lambda self: self.dp_replicate_size * self.dp_shard_size)
     non_data_parallel_size = property(lambda self: self.tp_size * self.cp_size * self.sp_size)
 

@@ -122,11 +122,11 @@ from accel_parallel import (
     FullyShardedDataParallelPlugin,
     TorchTensorParallelPlugin,
 )
-from accel_parallel._env_filled import (
-    ParallelismConfig,
-)
 from accel_parallel._deepspeed_parts import (
     map_pytorch_optim_to_deepspeed,
+)
+from accel_parallel._env_filled import (
+    ParallelismConfig,
 )
 from accel_precision import (
     AORecipeKwargs,
