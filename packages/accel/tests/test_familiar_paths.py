@@ -87,3 +87,16 @@ def test_new_paths_are_not_imported_by_import_accel() -> None:
     loaded = out.stdout
     for path in ("accel.utils", "accel.commands", "accel.accelerator", "accel.inference"):
         assert f"'{path}'" not in loaded
+
+
+def test_familiar_parallelism_config_is_accelerates_environment_reading_one() -> None:
+    import accel_parallel
+
+    import accel
+    import accel.parallelism_config
+    import accel.utils
+
+    familiar = accel.parallelism_config.ParallelismConfig
+    assert accel.utils.ParallelismConfig is familiar is accel.ParallelismConfig
+    assert issubclass(familiar, accel_parallel.ParallelismConfig)
+    assert familiar is not accel_parallel.ParallelismConfig  # the leaf's own reads no variable
