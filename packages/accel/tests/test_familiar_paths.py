@@ -90,11 +90,10 @@ def test_new_paths_are_not_imported_by_import_accel() -> None:
 
 
 def test_familiar_parallelism_config_is_accelerates_environment_reading_one() -> None:
-    import accel_parallel
-
     import accel
     import accel.parallelism_config
     import accel.utils
+    import accel_parallel
 
     familiar = accel.parallelism_config.ParallelismConfig
     assert accel.utils.ParallelismConfig is familiar is accel.ParallelismConfig
