@@ -5,6 +5,7 @@ Nothing here imports deepspeed: `fill_auto` only edits the config dict.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
@@ -83,3 +84,32 @@ def test_auto_micro_batch_and_train_batch_size() -> None:
     assert config["train_batch_size"] == 3 * 2 * 2
     assert config["gradient_accumulation_steps"] == 2
     assert config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is False
+
+
+def test_written_micro_batch_wins_over_the_loader_with_a_warning() -> None:
+    written = {"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 2}
+    with pytest.warns(UserWarning, match="batch size is 4 but the DeepSpeed config has 2"):
+        config = _fill(DeepSpeedPlugin(hf_ds_config=written), micro_batch=4)
+    assert config["train_micro_batch_size_per_gpu"] == 2
+    assert config["train_batch_size"] == 2 * 1 * 2  # counted with the config's micro batch
+
+
+def test_written_accumulation_steps_win_over_the_accelerator_with_a_warning() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("the DeepSpeed strategy is built only where deepspeed is installed")
+    from torch import device
+
+    from accel_parallel import ProcessInfo
+    from accel_parallel._deepspeed import DeepSpeedStrategy
+
+    written = {"zero_optimization": {"stage": 2}, "gradient_accumulation_steps": 4}
+    strategy = DeepSpeedStrategy(ProcessInfo(device("cpu")), DeepSpeedPlugin(hf_ds_config=written))
+    with pytest.warns(UserWarning, match="Accelerator has 2 but the DeepSpeed config has 4"):
+        assert strategy.accumulation_steps(2) == 4
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # agreeing: no warning
+        assert strategy.accumulation_steps(4) == 4
+    auto = DeepSpeedPlugin(hf_ds_config={**written, "gradient_accumulation_steps": "auto"})
+    assert DeepSpeedStrategy(ProcessInfo(device("cpu")), auto).accumulation_steps(2) == 2

@@ -545,8 +545,8 @@ def test_auto_values_nothing_can_fill_are_errors_naming_the_key():
     with pytest.raises(ValueError, match="keep one"):
         fill_auto(both, optimizer=torch.optim.SGD(net.parameters(), lr=0.1), micro_batch=4, **run)
     written = DeepSpeedPlugin(hf_ds_config={"train_micro_batch_size_per_gpu": 8})
-    with pytest.raises(ValueError, match=r"train_micro_batch_size_per_gpu=8 but the prepared"):
-        fill_auto(written, optimizer=None, micro_batch=4, **run)
+    with pytest.warns(UserWarning, match=r"batch size is 4 but the DeepSpeed config has 8"):
+        assert fill_auto(written, optimizer=None, micro_batch=4, **run)["train_batch_size"] == 16
     filled = fill_auto(DeepSpeedPlugin(gradient_clipping=1.0), optimizer=None, micro_batch=4, **run)
     assert filled["gradient_clipping"] == 1.0 and filled["train_batch_size"] == 8  # asked for
 
@@ -569,3 +569,22 @@ def test_launch_section_keys_and_a_missing_deepspeed(monkeypatch):
     )
     with pytest.raises(ImportError, match=r"pip install accel-parallel\[deepspeed\]"):
         select_strategy(ProcessInfo(torch.device("cpu")), deepspeed_plugin=DeepSpeedPlugin())
+
+
+def test_written_accumulation_steps_win_over_the_accelerator_at_prepare():
+    """As in accelerate: a number in the config is what the Accelerator counts from prepare()
+    on, with a warning naming both values."""
+    written = {"zero_optimization": {"stage": 2}, "gradient_accumulation_steps": 3}
+    from accel.utils import DeepSpeedPlugin
+
+    acc = _accelerator(DeepSpeedPlugin(hf_ds_config=written), gradient_accumulation_steps=2)
+    assert acc.gradient_accumulation_steps == 2
+    loader = torch.utils.data.DataLoader(dataset(), batch_size=2)
+    with pytest.warns(UserWarning, match="Accelerator has 2 but the DeepSpeed config has 3"):
+        acc.prepare(loader)
+    assert acc.gradient_accumulation_steps == 3 and acc.gradient_state.num_steps == 3
+    syncs = []
+    for _ in range(3):
+        with acc.accumulate():
+            syncs.append(acc.sync_gradients)
+    assert syncs == [False, False, True]

@@ -110,6 +110,21 @@ class DeepSpeedStrategy(Strategy):
         steps = self.active_plugin.get_value("gradient_accumulation_steps")
         return None if steps in (None, "auto") else int(steps)
 
+    def accumulation_steps(self, requested: int) -> int:
+        """A number written in the active config wins over the Accelerator's `requested`,
+        as in accelerate, with a warning naming both; "auto" (or none) takes `requested`."""
+        written = self.default_accumulation_steps()
+        if written is None or written == requested:
+            return requested
+        warnings.warn(
+            f"gradient_accumulation_steps: the Accelerator has {requested} but the DeepSpeed "
+            f"config has {written}; using the config's {written} (as accelerate does). Pass "
+            f'gradient_accumulation_steps={written}, or write "auto" in the config to use '
+            f"the Accelerator's.",
+            stacklevel=3,
+        )
+        return written
+
     # -- preparing -------------------------------------------------------------------------
     def begin_prepare(
         self,

@@ -1,13 +1,16 @@
 """Fill a DeepSpeed config's "auto" entries from what the run knows, visibly.
 
 Each filled entry is recorded in `plugin.filled` with where its value came from; a written
-entry is never changed, and one that contradicts the run is an error naming both values; an
+entry is never changed. A written micro batch size that differs from the DataLoader's wins
+with a warning naming both, as in accelerate (the Accelerator has already made a written
+gradient_accumulation_steps its own); other contradictions are errors naming both values; an
 "auto" left with nothing to fill it is an error naming the key and the fix.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 from torch import nn
@@ -89,8 +92,13 @@ def _fill_batch(plugin: DeepSpeedPlugin, micro: int | None, steps: int, world: i
                 "write train_micro_batch_size_per_gpu in the config."
             )
         plugin.fill_match(key, source="the prepared DataLoader's batch size", **{key: micro})
-    elif micro is not None:
-        plugin.fill_match(key, source="the prepared DataLoader's batch size", **{key: micro})
+    elif micro is not None and int(plugin.get_value(key)) != micro:
+        warnings.warn(
+            f"train_micro_batch_size_per_gpu: the prepared DataLoader's batch size is {micro} "
+            f"but the DeepSpeed config has {plugin.get_value(key)}; the engine counts the "
+            f'config\'s (as accelerate does). Make them agree, or write "auto" in the config.',
+            stacklevel=2,
+        )
     micro = int(plugin.get_value(key))
     plugin.fill_match(
         "train_batch_size",

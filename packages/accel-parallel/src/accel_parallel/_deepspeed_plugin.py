@@ -182,7 +182,8 @@ class DeepSpeedPlugin:
     - hf_ds_config: a DeepSpeed config (dict, JSON path, JSON string, HfDeepSpeedConfig);
       without one a config is made from the fields below.
     - zero_stage: 0, 1, 2 (default) or 3.
-    - gradient_accumulation_steps: must agree with the Accelerator's (None: the Accelerator's).
+    - gradient_accumulation_steps: a number is counted by the Accelerator too (one that differs
+      from the Accelerator's wins, with a warning, as in accelerate); None: the Accelerator's.
     - gradient_clipping: clip every step to this norm; 0.0: no clipping. None or "auto":
       1.0, as accelerate fills it (a loop's `clip_grad_norm_(max_norm)` wins, with a warning).
     - offload_optimizer_device / offload_param_device: "none", "cpu" or "nvme" (with

@@ -101,6 +101,12 @@ class Strategy:
         """The accumulation steps the engine's own configuration fixes (None: no opinion)."""
         return None
 
+    def accumulation_steps(self, requested: int) -> int:
+        """The accumulation steps a `prepare` call counts: the Accelerator's `requested`,
+        unless the engine's configuration fixes another (the strategy then warns, naming
+        both)."""
+        return requested
+
     def engine_scheduler(self, scheduler: Any) -> Any:
         """The scheduler the engine steps itself in place of `scheduler` (None: the caller
         steps `scheduler`)."""

@@ -245,6 +245,9 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
         models = [i for i, a in enumerate(args) if isinstance(a, nn.Module)]
         optims = [i for i, a in enumerate(args) if isinstance(a, torch.optim.Optimizer)]
         raw_optims = [getattr(args[i], "optimizer", args[i]) for i in optims]
+        steps = self.strategy.accumulation_steps(self.gradient_accumulation_steps)
+        if steps != self.gradient_accumulation_steps:  # an engine config fixes its own
+            self.gradient_accumulation_steps = steps
         self.strategy.begin_prepare(
             args,
             gradient_accumulation_steps=self.gradient_accumulation_steps,

@@ -6,6 +6,7 @@ from accel._accelerator import (
     ProjectConfiguration,
     TorchDynamoPlugin,
 )
+from accel._compat._bnb_config import BnbQuantizationConfig
 from accel._compat._constants import (
     MITA_PROFILING_AVAILABLE_PYTORCH_VERSION,
     MODEL_NAME,
@@ -123,7 +124,6 @@ from accel._compat._imports import (
 from accel._compat._left_out import (
     AbstractTrainStep,
     BertTrainStep,
-    BnbQuantizationConfig,
     GatheredParameters,
     GPTTrainStep,
     MegatronLMDummyDataLoader,

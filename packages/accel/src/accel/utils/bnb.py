@@ -1,11 +1,11 @@
 """Familiar path `accelerate.utils.bnb`: re-exports from the packages that own the code."""
 
+from accel._compat._bnb_config import BnbQuantizationConfig
 from accel._compat._imports import (
     is_4bit_bnb_available,
     is_8bit_bnb_available,
 )
 from accel._compat._left_out import (
-    BnbQuantizationConfig,
     get_keys_to_not_convert,
     get_quantized_model_device_map,
     has_4bit_bnb_layers,

@@ -6,6 +6,7 @@ from accel._accelerator import (
     ProjectConfiguration,
     TorchDynamoPlugin,
 )
+from accel._compat._bnb_config import BnbQuantizationConfig
 from accel._compat._constants import (
     BETA_CP_AVAILABLE_PYTORCH_VERSION,
     BETA_TP_AVAILABLE_PYTORCH_VERSION,
@@ -38,7 +39,6 @@ from accel._compat._imports import (
 )
 from accel._compat._left_out import (
     MODEL_CONFIGS_TO_MEGATRON_PARSERS,
-    BnbQuantizationConfig,
     MegatronLMPlugin,
     MSAMPRecipeKwargs,
     SageMakerDistributedType,
