@@ -2,6 +2,29 @@
 
 from __future__ import annotations
 
+# defined once, in accel-cli (its config dataclasses and launcher use them)
+from accel_cli._constants import (
+    DEEPSPEED_MULTINODE_LAUNCHERS as DEEPSPEED_MULTINODE_LAUNCHERS,
+)
+from accel_cli._constants import (
+    FSDP2_STATE_DICT_TYPE as FSDP2_STATE_DICT_TYPE,
+)
+from accel_cli._constants import (
+    SAGEMAKER_PARALLEL_EC2_INSTANCES as SAGEMAKER_PARALLEL_EC2_INSTANCES,
+)
+from accel_cli._constants import (
+    SAGEMAKER_PYTHON_VERSION as SAGEMAKER_PYTHON_VERSION,
+)
+from accel_cli._constants import (
+    SAGEMAKER_PYTORCH_VERSION as SAGEMAKER_PYTORCH_VERSION,
+)
+from accel_cli._constants import (
+    SAGEMAKER_TRANSFORMERS_VERSION as SAGEMAKER_TRANSFORMERS_VERSION,
+)
+from accel_cli._constants import (
+    TORCH_DYNAMO_MODES as TORCH_DYNAMO_MODES,
+)
+
 MODEL_NAME = "pytorch_model"
 SAFE_MODEL_NAME = "model"
 OPTIMIZER_NAME = "optimizer"
@@ -42,7 +65,6 @@ FSDP_SHARDING_STRATEGY = [
 FSDP_AUTO_WRAP_POLICY = ["TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"]
 FSDP_BACKWARD_PREFETCH = ["BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"]
 FSDP_STATE_DICT_TYPE = ["FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT"]
-FSDP2_STATE_DICT_TYPE = ["SHARDED_STATE_DICT", "FULL_STATE_DICT"]
 FSDP_MODEL_NAME = "pytorch_model_fsdp"
 # Minimum versions accelerate checks features against (strings, for `compare_versions`).
 FSDP_PYTORCH_VERSION = "2.1.0.a0+32f93b1"  # 2.1.0; MS-AMP's image ships this prerelease
@@ -53,17 +75,3 @@ BETA_TP_AVAILABLE_PYTORCH_VERSION = "2.3.0"
 BETA_TP_AVAILABLE_TRANSFORMERS_VERSION = "4.52.0"
 BETA_CP_AVAILABLE_PYTORCH_VERSION = "2.6.0"
 BETA_SP_AVAILABLE_DEEPSPEED_VERSION = "0.18.2"
-DEEPSPEED_MULTINODE_LAUNCHERS = [
-    "pdsh",
-    "standard",
-    "openmpi",
-    "mvapich",
-    "mpich",
-    "nossh",
-    "slurm",
-]
-TORCH_DYNAMO_MODES = ["default", "reduce-overhead", "max-autotune"]
-SAGEMAKER_PYTORCH_VERSION = "1.10.2"
-SAGEMAKER_PYTHON_VERSION = "py38"
-SAGEMAKER_TRANSFORMERS_VERSION = "4.17.0"
-SAGEMAKER_PARALLEL_EC2_INSTANCES = ["ml.p3.16xlarge", "ml.p3dn.24xlarge", "ml.p4dn.24xlarge"]
