@@ -136,7 +136,7 @@ def create_empty_model(
 def gather_data(args: Any) -> list[list[Any]]:
     """[dtype, largest layer bytes, total bytes, training bytes] for each of `args.dtypes`,
     of the model `args.model_name` (accelerate's `estimate-memory` table rows)."""
-    from accel_bigmodel import calculate_maximum_sizes
+    calculate_maximum_sizes = _require("accel_bigmodel", args.model_name).calculate_maximum_sizes
 
     try:
         model = create_empty_model(
@@ -168,6 +168,7 @@ def _require(library: str, model_name: str) -> Any:
     try:
         return importlib.import_module(library)
     except ImportError:
+        dist = library.replace("_", "-")
         raise ImportError(
-            f"To check `{model_name}`, `{library}` must be installed: pip install {library}"
+            f"To check `{model_name}`, `{library}` must be installed: pip install {dist}"
         ) from None
