@@ -203,7 +203,9 @@ def compile_regions(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
     return twin
 
 
-def _is_repeated(module: nn.Module) -> bool:
+def is_repeated_blocks(module: nn.Module) -> bool:
+    """True for a non-empty `nn.ModuleList` whose entries are all of its first entry's class
+    (the blocks regional compilation compiles once and reuses)."""
     return (
         isinstance(module, nn.ModuleList)
         and len(module) > 0
@@ -211,16 +213,17 @@ def _is_repeated(module: nn.Module) -> bool:
     )
 
 
-def _has_repeated(module: nn.Module) -> bool:
-    return bool(module._modules) and any(_is_repeated(m) for m in module.modules())
+def has_repeated_blocks(module: nn.Module) -> bool:
+    """True when `module` or any submodule is a block of repeated layers (`is_repeated_blocks`)."""
+    return bool(module._modules) and any(is_repeated_blocks(m) for m in module.modules())
 
 
 def _twin(module: nn.Module, compile_kwargs: dict[str, Any]) -> nn.Module:
     import torch
 
-    if _is_repeated(module):
+    if is_repeated_blocks(module):
         return nn.ModuleList(torch.compile(block, **compile_kwargs) for block in module)
-    if not _has_repeated(module):
+    if not has_repeated_blocks(module):
         return torch.compile(module, **compile_kwargs)
     twin = type(module).__new__(type(module))
     twin.__dict__.update(module.__dict__)

@@ -22,21 +22,6 @@ def get_module_class_from_name(module: nn.Module, name: str) -> type[nn.Module] 
     return None
 
 
-def is_repeated_blocks(module: nn.Module) -> bool:
-    """True for a non-empty `nn.ModuleList` whose entries are all of its first entry's class
-    (the blocks regional compilation compiles once and reuses)."""
-    return (
-        isinstance(module, nn.ModuleList)
-        and len(module) > 0
-        and all(isinstance(m, type(module[0])) for m in module)
-    )
-
-
-def has_repeated_blocks(module: nn.Module) -> bool:
-    """True when `module` or any submodule is a block of repeated layers (`is_repeated_blocks`)."""
-    return bool(module._modules) and any(is_repeated_blocks(m) for m in module.modules())
-
-
 def find_first_last_linear_layers(model: nn.Module) -> tuple[str | None, str | None]:
     """The qualified names of the first and last `nn.Linear` of `model`, in registration order
     (None, None when it has none). fp8 keeps these two in high precision for stability."""

@@ -15,7 +15,6 @@ from accel._compat._left_out import (
 from accel._compat._misc import (
     write_basic_config,
 )
-from accel._compat._modules import has_repeated_blocks, is_repeated_blocks
 from accel._compat._other import (
     TORCH_SAFE_GLOBALS,
     check_os_kernel,
@@ -39,6 +38,7 @@ from accel._compat._other import (
 from accel._compat._versions import (
     is_torch_version,
 )
+from accel._dynamo import has_repeated_blocks, is_repeated_blocks
 from accel._logging import (
     get_logger,
 )
