@@ -79,6 +79,23 @@ def _compiled_unwrap() -> dict:
     }
 
 
+def _direct_loader_rng() -> dict:
+    """A DataLoaderShard built directly with rng_types: every process gets the main
+    process's torch RNG and generator when an epoch starts, as with accelerate's."""
+    from accel.data_loader import DataLoaderShard
+    from accel_state import PartialState
+
+    rank = PartialState().process_index
+    torch.manual_seed(100 + rank)  # the ranks start apart
+    gen = torch.Generator().manual_seed(200 + rank)
+    loader = DataLoaderShard(
+        list(range(8)), batch_size=4, shuffle=True, generator=gen,
+        rng_types=["torch", "generator"], synchronized_generator=gen,
+    )  # fmt: skip
+    order = [b.tolist() for b in loader]
+    return {"order": order, "draw": torch.rand(1).item()}
+
+
 def _all(offload_root: str) -> dict:
     import os
 
@@ -89,6 +106,7 @@ def _all(offload_root: str) -> dict:
         "uneven": _uneven_inputs(),
         "placement": _placement_and_dispatch(os.path.join(offload_root, str(rank))),
         "compiled": _compiled_unwrap(),
+        "direct_rng": _direct_loader_rng(),
     }
 
 
@@ -140,3 +158,9 @@ def test_a_dispatched_model_keeps_its_placement_on_one_process(tmp_path) -> None
         torch.testing.assert_close(prepared(x), want)
     finally:
         AcceleratorState._reset_state()
+
+
+def test_a_direct_loader_synchronizes_its_rng_types_at_epoch_start(results) -> None:
+    r0, r1 = results[0]["direct_rng"], results[1]["direct_rng"]
+    assert r0["order"] == r1["order"]  # the generator came from the main process
+    assert r0["draw"] == r1["draw"]  # and so did torch's global RNG

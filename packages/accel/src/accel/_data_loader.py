@@ -21,14 +21,20 @@ from accel._gradient_state import GradientState
 class RngSyncObserver:
     """The gradient state's iteration observer, plus RNG synchronization at epoch starts."""
 
-    def __init__(self, gradient_state: GradientState, rng_types: list[str]) -> None:
+    def __init__(
+        self,
+        gradient_state: GradientState,
+        rng_types: list[str],
+        generator: torch.Generator | None = None,
+    ) -> None:
         self.gradient_state = gradient_state
         self.rng_types = rng_types
+        self.generator = generator
 
     def begin(self, loader: Any) -> None:
         self.gradient_state.begin(loader)
         if loader.state_dict().get("batches_yielded", 0) == 0:
-            accel_state.synchronize_rng_states(self.rng_types)
+            accel_state.synchronize_rng_states(self.rng_types, generator=self.generator)
 
     def end(self, loader: Any) -> None:
         self.gradient_state.end(loader)
@@ -36,7 +42,19 @@ class RngSyncObserver:
 
 class DataLoaderShard(accel_data.DataLoaderShard):
     """accel_data's DataLoaderShard that reports its iterations to the shared GradientState
-    (its `gradient_state`), as the loaders of accelerate do, also when built directly."""
+    (its `gradient_state`), as the loaders of accelerate do, also when built directly; built
+    directly with `rng_types`, it synchronizes those generators (`synchronized_generator` for
+    "generator") from the main process at each epoch start, as accelerate's does."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        synced = [str(getattr(t, "value", t)) for t in self.rng_types or ()]
+        if self.synchronized_generator is None:
+            synced = [t for t in synced if t != "generator"]
+        if synced:
+            self.iteration_observer = RngSyncObserver(
+                self.gradient_state, synced, self.synchronized_generator
+            )
 
     def _on_init(self) -> None:
         self.gradient_state = GradientState()
