@@ -84,10 +84,60 @@ def test_observer_sees_nested_loaders_and_early_exits() -> None:
     assert rec.events == [("begin", t), ("end", t)]
 
 
-def test_plain_shuffle_is_identical_on_every_rank_and_follows_set_epoch() -> None:
+def test_plain_shuffle_draws_each_epoch_from_the_generator_as_torch_does() -> None:
+    # accelerate's default: the order is the user's generator's, epoch by epoch, so one
+    # process sees exactly what a plain DataLoader would, and reseeding the generator
+    # between epochs (after prepare) is honoured.
+    plain_gen = torch.Generator().manual_seed(11)
+    plain = DataLoader(Ids(20), batch_size=2, shuffle=True, generator=plain_gen)
+    expected = [[i for b in plain for i in ids(b)] for _ in range(2)]
+    g = torch.Generator().manual_seed(3)
+    loader = _prep(DataLoader(Ids(20), batch_size=2, shuffle=True, generator=g))
+    g.manual_seed(11)
+    assert [[i for b in loader for i in ids(b)] for _ in range(2)] == expected
+    # two ranks whose generators start alike draw one order and split it
+    ranks = []
+    for rank in range(2):
+        gen = torch.Generator().manual_seed(11)
+        dl = DataLoader(Ids(20), batch_size=2, shuffle=True, generator=gen)
+        ranks.append([i for b in _prep(dl, world=2, rank=rank) for i in ids(b)])
+    assert sorted(ranks[0] + ranks[1]) == list(range(20))
+    assert [i for pair in zip(ranks[0][::2], ranks[0][1::2], ranks[1][::2], ranks[1][1::2])
+            for i in pair] == expected[0]  # fmt: skip
+    # no generator: one of the loader's own, seeded from torch's global RNG
+    torch.manual_seed(5)
+    a = _prep(DataLoader(Ids(20), batch_size=2, shuffle=True))
+    torch.manual_seed(5)
+    b = _prep(DataLoader(Ids(20), batch_size=2, shuffle=True))
+    assert [ids(x) for x in a] == [ids(x) for x in b]
+
+
+def test_generator_order_resumes_exactly_mid_epoch_and_between_epochs() -> None:
+    def make(seed, **kw):
+        gen = torch.Generator().manual_seed(seed)
+        sampler = torch.utils.data.RandomSampler(Ids(10), generator=gen)  # not the loader's
+        return _prep(DataLoader(Ids(10), batch_size=2, sampler=sampler, **kw))
+
+    unbroken = make(1)
+    full = [[i for b in unbroken for i in ids(b)] for _ in range(3)]
+    for stop in ((0, 2), (1, 4)):  # mid-epoch; the last batch of epoch 1
+        head, sd = _run(make(1), 3, stop)
+        assert sd["order_generator_state"] is not None and sd["generator_state"] is not None
+        resumed = make(99)  # another generator state: the saved one wins
+        resumed.load_state_dict(sd)
+        assert head + _run(resumed, 3)[0] == sum(full, [])
+    # saved between epochs (after a full pass): the next epoch draws where it would have
+    loader = make(1)
+    _ = [b for b in loader]
+    resumed = make(7)
+    resumed.load_state_dict(loader.state_dict())
+    assert [i for b in resumed for i in ids(b)] == full[1]
+
+
+def test_seedable_shuffle_is_identical_on_every_rank_and_follows_set_epoch() -> None:
     g = torch.Generator().manual_seed(11)
     dl = DataLoader(Ids(20), batch_size=2, shuffle=True, generator=g)
-    ranks = [_prep(dl, world=2, rank=r) for r in range(2)]
+    ranks = [_prep(dl, world=2, rank=r, use_seedable_sampler=True) for r in range(2)]
     for epoch in (0, 1, 0):
         order = []
         for loader in ranks:
@@ -97,10 +147,15 @@ def test_plain_shuffle_is_identical_on_every_rank_and_follows_set_epoch() -> Non
         if epoch == 0:
             first = order
     assert order == first  # set_epoch(0) again: the same order
-    again = _prep(DataLoader(Ids(20), batch_size=2, shuffle=True, generator=g), world=2, rank=0)
+    again = _prep(
+        DataLoader(Ids(20), batch_size=2, shuffle=True, generator=g),
+        world=2, rank=0, use_seedable_sampler=True,
+    )  # fmt: skip
     assert [i for b in again for i in ids(b)] == first[0]  # from the generator's seed
-    a = _prep(dl, data_seed=5)
-    b = _prep(DataLoader(Ids(20), batch_size=2, shuffle=True), data_seed=5)
+    a = _prep(dl, data_seed=5, use_seedable_sampler=True)
+    b = _prep(
+        DataLoader(Ids(20), batch_size=2, shuffle=True), data_seed=5, use_seedable_sampler=True
+    )
     assert [ids(x) for x in a] == [ids(x) for x in b]
     assert a.iteration == 1  # a full pass moves to the next epoch
 
@@ -169,7 +224,9 @@ def test_state_dict_is_plain_and_checks_the_world_size() -> None:
     it = iter(loader)
     next(it)
     sd = loader.state_dict()
-    assert sd["epoch"] == 0 and sd["batches_yielded"] == 1 and isinstance(sd["seed"], int)
+    assert sd["epoch"] == 0 and sd["batches_yielded"] == 1 and sd["seed"] is None
+    # the generator's state where the epoch began: the loader's generator is the sampler's
+    assert isinstance(sd["generator_state"], torch.Tensor) and sd["order_generator_state"] is None
     other = _prep(DataLoader(Ids(8), batch_size=2), world=2, rank=0)
     with pytest.raises(ValueError, match="num_processes=1 but this loader has num_processes=2"):
         other.load_state_dict(sd)
@@ -223,6 +280,6 @@ def test_dispatch_in_one_process_and_stateful_loader() -> None:
     again = _prep(fresh, world=2, rank=0, data_seed=9)
     head, sd = _run(again, 2, (0, 1))
     assert sd["_num_yielded"] == sd["_sampler_iter_yielded"] == 2  # torchdata's own state
-    again2 = _prep(dl, world=2, rank=0)  # the seed comes from the state dict
+    again2 = _prep(dl, world=2, rank=0, use_seedable_sampler=True)  # seed: the state dict's
     again2.load_state_dict(sd)
     assert head + _run(again2, 2)[0] == full

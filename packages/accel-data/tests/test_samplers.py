@@ -103,8 +103,22 @@ def test_seedable_sampler_is_a_function_of_seed_and_epoch(n, seed, epoch):
     first = list(a)
     torch.rand(3)
     b.set_epoch(epoch)
-    assert list(b) == first == list(a)
+    assert list(b) == first
+    assert a.epoch == epoch + 1  # a full pass moves to the next epoch
+    a.set_epoch(epoch)
+    assert list(a) == first
     assert sorted(first) == list(range(n))
+
+
+def test_seedable_sampler_draws_as_accelerates_does() -> None:
+    theirs = pytest.importorskip("accelerate.data_loader").SeedableRandomSampler
+    torch.manual_seed(3)  # both take torch's initial seed when given none
+    for kwargs in ({}, {"data_seed": 5}, {"replacement": True, "num_samples": 70}):
+        gen = torch.Generator()
+        ours = SeedableRandomSampler(range(40), generator=gen, **kwargs)
+        ref = theirs(range(40), generator=torch.Generator(), **kwargs)
+        assert ours.initial_seed == ref.initial_seed
+        assert [list(ours) for _ in range(3)] == [list(ref) for _ in range(3)]
 
 
 def test_seedable_sampler_epochs_differ_and_replacement_works() -> None:

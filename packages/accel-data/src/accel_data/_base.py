@@ -1,9 +1,10 @@
 """What DataLoaderShard and DataLoaderDispatcher share: epoch, position, look-ahead, state dict.
 
-The position is (epoch, batches yielded in that epoch). Shuffling is a pure function of
-(seed, epoch) (see SeedableRandomSampler), so these numbers and the seed are all a resume
-needs; a map-style loader resumes by dropping index batches in the sampler, without reading
-the skipped samples.
+The position is (epoch, batches yielded in that epoch), plus what the epoch's order came from:
+the state its generators had when it started (the sampler's, the loader's), or the seed of a
+SeedableRandomSampler, whose order is a pure function of (seed, epoch). A map-style loader
+resumes by drawing the same order again and dropping index batches in the sampler, without
+reading the skipped samples.
 """
 
 from __future__ import annotations
@@ -96,6 +97,9 @@ class _PreparedLoader(DataLoaderAdapter, DataLoaderStateMixin):
         self.iteration_observer: IterationObserver | None = None
         self._prepared = False
         self._seedable: SeedableRandomSampler | None = None
+        self._order_gen: torch.Generator | None = None
+        self._order_state: torch.Tensor | None = None
+        self._pending_order_state: torch.Tensor | None = None
         self._resume: _ResumeBatchSampler | None = None
         batch_sampler = None if isinstance(dataset, IterableDataset) else base.batch_sampler
         self._epoch_targets = _epoch_targets(batch_sampler, dataset)
@@ -125,6 +129,7 @@ class _PreparedLoader(DataLoaderAdapter, DataLoaderStateMixin):
         put_on_device: bool,
         iteration_observer: IterationObserver | None,
         seedable_sampler: SeedableRandomSampler | None,
+        order_generator: torch.Generator | None,
         resume_sampler: _ResumeBatchSampler | None,
         epoch_targets: list[Any],
         total_batch_size: int | None,
@@ -137,6 +142,7 @@ class _PreparedLoader(DataLoaderAdapter, DataLoaderStateMixin):
         self._place = put_on_device and self.device is not None
         self.iteration_observer = iteration_observer
         self._seedable = seedable_sampler
+        self._order_gen = order_generator
         self._resume = resume_sampler
         self._epoch_targets = epoch_targets
         self._total_batch_size = total_batch_size
@@ -207,10 +213,37 @@ class _PreparedLoader(DataLoaderAdapter, DataLoaderStateMixin):
     def _finish_epoch(self) -> None:
         self._epoch += 1
         self._yielded = 0
-        self._gen_state = None
+        self._gen_state = self._order_state = None  # the next epoch starts from their live state
+
+    def _start_order(self) -> None:
+        """Set the sampler's generator to where this epoch's order starts, and record it: the
+        restored state on a resume; else, with several processes, process 0's state."""
+        gen = self._order_gen
+        if gen is None:
+            return
+        if self._pending_order_state is not None:
+            gen.set_state(self._pending_order_state)
+        elif self._sync_order and self._order_spans_processes():
+            import torch.distributed as dist
+
+            state = gen.get_state()
+            dist.broadcast(state, src=0)
+            gen.set_state(state)
+        self._pending_order_state = None
+        self._order_state = gen.get_state()
+
+    _sync_order = True  # the dispatcher reads on process 0 only: nothing to agree on
+
+    def _order_spans_processes(self) -> bool:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return False
+        return self.num_processes > 1 or self.torch_device_mesh is not None
 
     def _base_iterator(self, skip: int) -> Iterator[Any]:
         """Start the base loader at batch `skip` (sampler-level when it has a batch sampler)."""
+        self._start_order()
         gen = getattr(self.base_dataloader, "generator", None)
         if self._prepared and (gen is None or getattr(self, "_owns_generator", False)):
             # No generator of the user's: creating the iterator would draw the workers' base
@@ -254,7 +287,8 @@ class _PreparedLoader(DataLoaderAdapter, DataLoaderStateMixin):
         epoch = int(epoch)
         if epoch != self._epoch:
             self._pending_skip, self._restored_at, self._yielded = 0, None, 0
-            self._pending_gen_state = None
+            self._pending_gen_state = self._pending_order_state = None
+            self._gen_state = self._order_state = None
         self._epoch = epoch
         self._apply_epoch()
 
@@ -324,13 +358,16 @@ class _PreparedLoader(DataLoaderAdapter, DataLoaderStateMixin):
             extra = dict(self._base_state or self.base_dataloader.state_dict())
             if not self._prepared:
                 return extra
+        loader_gen = getattr(self.base_dataloader, "generator", None)
+        order_gen = None if self._order_gen is loader_gen else self._order_gen
         return {
             **extra,
             "version": _STATE_VERSION,
             "epoch": self._epoch,
             "batches_yielded": self._yielded,
             "seed": None if self._seedable is None else self._seedable.seed,
-            "generator_state": None if self._gen_state is None else self._gen_state.clone(),
+            "generator_state": _epoch_start(self._gen_state, loader_gen),
+            "order_generator_state": _epoch_start(self._order_state, order_gen),
             "num_processes": self.num_processes,
         }
 
@@ -368,6 +405,12 @@ class _PreparedLoader(DataLoaderAdapter, DataLoaderStateMixin):
         self._restored_at = self._pending_skip
         self._pending_gen_state = state_dict.get("generator_state")
         self._gen_state = self._pending_gen_state
+        self._pending_order_state = state_dict.get("order_generator_state")
+        loader_gen = getattr(self.base_dataloader, "generator", None)
+        if self._pending_order_state is None and self._order_gen is loader_gen:
+            # the order came from the loader's generator (one object): restore it alike
+            self._pending_order_state = self._pending_gen_state
+        self._order_state = self._pending_order_state
         self._apply_epoch()
 
     def _check_position(self, position: int, epoch: int) -> None:
@@ -401,6 +444,14 @@ class _PreparedLoader(DataLoaderAdapter, DataLoaderStateMixin):
             f"not skipped a second time (returning the restored loader).",
             stacklevel=3,
         )
+
+
+def _epoch_start(recorded: torch.Tensor | None, gen: torch.Generator | None) -> Any:
+    """A generator's state where the current epoch started (recorded when it started or
+    restored), or, between epochs, its live state: where the next epoch will start."""
+    if gen is None:
+        return None
+    return gen.get_state() if recorded is None else recorded.clone()
 
 
 _END = object()

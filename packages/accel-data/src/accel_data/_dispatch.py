@@ -29,6 +29,8 @@ class DataLoaderDispatcher(_PreparedLoader):
     iteration_observer, dataset, batch_sampler, device.
     """
 
+    _sync_order = False  # only process 0 draws the order
+
     def __init__(
         self,
         dataset: Any,

@@ -71,11 +71,18 @@ def prepare_data_loader(
     group (else one process); with `torch_device_mesh`, processes of one tensor- or
     context-parallel group (mesh dimensions "tp", "cp") read the same batches.
 
-    Shuffling: a `RandomSampler` (e.g. from `DataLoader(shuffle=True)`) is replaced by a
-    SeedableRandomSampler, whatever `use_seedable_sampler` says, so the order is the same on
-    every process and resumable. Its base seed is `data_seed`, else the initial seed of the
-    sampler's or loader's generator, else drawn once from torch's global RNG and broadcast
-    from process 0 when a process group is initialized. Epoch e uses base seed + e.
+    Shuffling (a `RandomSampler`, e.g. from `DataLoader(shuffle=True)`):
+    - by default each epoch's order is drawn from the sampler's generator when the epoch
+      starts, as torch draws it, so reseeding that generator (`DataLoader(generator=g)`)
+      between epochs changes the order as it would without accel. A sampler without a
+      generator gets one, seeded from torch's global RNG. With several processes, process
+      0's generator state is sent to the others at each epoch start (torch.distributed), so
+      every process draws the same order. The generator's state at the epoch start is part
+      of `state_dict()`, so a resumed epoch replays the same order.
+    - `use_seedable_sampler=True`, or a `data_seed` given: a SeedableRandomSampler instead, whose epoch e uses base
+      seed + e: the base seed is `data_seed`, else the initial seed of the sampler's or
+      loader's generator, else drawn once from torch's global RNG and broadcast from
+      process 0 when a process group is initialized.
 
     `iteration_observer`: an object with `begin(loader)` / `end(loader)`, called when an
     iteration starts and when it ends (or is closed or garbage-collected). `rng_types` is
@@ -83,7 +90,6 @@ def prepare_data_loader(
     `use_stateful_dataloader`: rebuild as torchdata's StatefulDataLoader.
     `shard_class` / `dispatcher_class`: subclasses to build instead (a framework's own).
     """
-    del use_seedable_sampler  # shuffling is always seedable; kept for accelerate's signature
     if not isinstance(dataloader, DataLoader):
         raise TypeError(
             f"prepare_data_loader expects a torch.utils.data.DataLoader, got "
@@ -127,12 +133,17 @@ def prepare_data_loader(
             "prepare_data_loader needs batches: this DataLoader has batch_size=None (no "
             "automatic batching). Give it a batch_size or a batch_sampler."
         )
-    seedable, batch_sampler = _seedable_batches(dataloader, source, data_seed)
+    seedable_order = bool(use_seedable_sampler) or data_seed is not None
+    seedable, batch_sampler = _seedable_batches(dataloader, source, data_seed, seedable_order)
+    order_generator = None
+    if not isinstance(seedable, SeedableRandomSampler):
+        order_generator, seedable = getattr(seedable, "generator", None), None
     targets = _epoch_targets(seedable, batch_sampler, dataset)
     per = getattr(batch_sampler, "batch_size", None)
     total = None if per is None else (per if split_batches else per * num_processes)
     sizes = dict(
         seedable_sampler=seedable,
+        order_generator=order_generator,
         epoch_targets=targets,
         total_batch_size=total,
         static_remainder=_map_remainder(batch_sampler, total),
@@ -245,6 +256,7 @@ def _prepare_iterable(
         targets = [shard]
     loader._configure(
         seedable_sampler=None,
+        order_generator=None,
         resume_sampler=None,
         epoch_targets=targets,
         total_batch_size=total,
@@ -255,12 +267,14 @@ def _prepare_iterable(
 
 
 def _seedable_batches(
-    dataloader: DataLoader, batch_sampler: Any, data_seed: int | None
-) -> tuple[SeedableRandomSampler | None, Any]:
-    """Replace a RandomSampler inside the batch sampler by a SeedableRandomSampler."""
+    dataloader: DataLoader, batch_sampler: Any, data_seed: int | None, seedable_order: bool
+) -> tuple[RandomSampler | None, Any]:
+    """The random sampler inside the batch sampler, made resumable: a SeedableRandomSampler
+    (`seedable_order`), else a copy of the user's sampler drawing from a generator of its own
+    (the user's, when it has one); and the batch sampler that iterates it."""
     inner = getattr(batch_sampler, "batch_sampler", None)
     if inner is not None:  # a wrapper that iterates another batch sampler (SkipBatchSampler)
-        seedable, new_inner = _seedable_batches(dataloader, inner, data_seed)
+        seedable, new_inner = _seedable_batches(dataloader, inner, data_seed, seedable_order)
         if new_inner is not inner:
             batch_sampler = copy.copy(batch_sampler)
             batch_sampler.batch_sampler = new_inner
@@ -273,18 +287,41 @@ def _seedable_batches(
         return sampler, batch_sampler
     if not _is_random_sampler(sampler):
         return None, batch_sampler
-    seed = _base_seed(data_seed, getattr(sampler, "generator", None) or dataloader.generator)
-    seedable = SeedableRandomSampler(
-        sampler.data_source,
-        getattr(sampler, "replacement", False),
-        getattr(sampler, "_num_samples", None),
-        seed=seed,
-    )
+    if seedable_order:
+        seed = _base_seed(data_seed, getattr(sampler, "generator", None) or dataloader.generator)
+        seedable = SeedableRandomSampler(
+            sampler.data_source,
+            getattr(sampler, "replacement", False),
+            getattr(sampler, "_num_samples", None),
+            seed=seed,
+        )
+    else:
+        seedable = _generator_sampler(sampler)
     if _is_plain(batch_sampler, BatchSampler):
         return seedable, BatchSampler(seedable, batch_sampler.batch_size, batch_sampler.drop_last)
     batch_sampler = copy.copy(batch_sampler)
     batch_sampler.sampler = seedable
     return seedable, batch_sampler
+
+
+def _generator_sampler(sampler: Any) -> RandomSampler:
+    """A copy of a random sampler that draws each epoch's order from a generator it keeps:
+    the sampler's own, else a new one seeded from torch's global RNG. torchdata's stateful
+    RandomSampler (which draws its order when iterated, not when read) becomes torch's, with
+    the same generator: the prepared loader keeps the position itself."""
+    if _is_plain(sampler, RandomSampler) and not isinstance(sampler, RandomSampler):
+        copied = RandomSampler(
+            sampler.data_source,
+            sampler.replacement,
+            sampler._num_samples,
+            generator=sampler.generator,
+        )
+    else:
+        copied = copy.copy(sampler)
+    if getattr(copied, "generator", None) is None:
+        copied.generator = torch.Generator()
+        copied.generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+    return copied
 
 
 def _is_plain(obj: Any, cls: type) -> bool:

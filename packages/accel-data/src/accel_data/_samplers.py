@@ -1,4 +1,5 @@
-"""Samplers: a shuffle that is a pure function of (seed, epoch), and a per-process batch shard.
+"""Samplers: a shuffle that is a pure function of (seed, epoch), a per-process batch shard, and
+the batch sampler that starts an epoch at a given batch.
 
 Both work on indices only, in the main process, so skipping batches to resume an epoch never
 reads a sample, with or without worker processes.
@@ -18,7 +19,11 @@ class SeedableRandomSampler(RandomSampler):
 
     Every rank builds the same permutation from the same seed, with no RNG synchronization,
     and a restarted process rebuilds it from the saved (seed, epoch): that is what makes a
-    shuffled epoch exactly resumable. The global torch RNG is never touched.
+    shuffled epoch exactly resumable. The seed is `seed` (or `data_seed`, accelerate's name),
+    else torch's initial seed (`torch.initial_seed()`, what `set_seed` sets). Each epoch
+    reseeds the generator (`generator`, else one of its own) with seed + epoch and draws as
+    `RandomSampler` does; a full pass moves to the next epoch, as `set_epoch` does. The
+    global torch RNG is never touched.
     """
 
     def __init__(
@@ -26,27 +31,36 @@ class SeedableRandomSampler(RandomSampler):
         data_source: Sized,
         replacement: bool = False,
         num_samples: int | None = None,
+        generator: torch.Generator | None = None,
         *,
-        seed: int = 0,
+        seed: int | None = None,
+        data_seed: int | None = None,
     ) -> None:
-        super().__init__(data_source, replacement=replacement, num_samples=num_samples)
+        super().__init__(data_source, replacement, num_samples, generator)
+        if seed is None:
+            seed = torch.initial_seed() if data_seed is None else data_seed
         self.seed = int(seed)
         self.epoch = 0
+
+    @property
+    def initial_seed(self) -> int:
+        """The base seed (accelerate's name for `seed`)."""
+        return self.seed
+
+    @initial_seed.setter
+    def initial_seed(self, value: int) -> None:
+        self.seed = int(value)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the permutation of `epoch` (the next iteration uses seed + epoch)."""
         self.epoch = int(epoch)
 
     def __iter__(self) -> Iterator[int]:
-        gen = torch.Generator()
-        gen.manual_seed(self.seed + self.epoch)
-        n, count = len(self.data_source), self.num_samples
-        if self.replacement:
-            yield from torch.randint(n, (count,), dtype=torch.int64, generator=gen).tolist()
-            return
-        for _ in range(count // n):
-            yield from torch.randperm(n, generator=gen).tolist()
-        yield from torch.randperm(n, generator=gen)[: count % n].tolist()
+        if self.generator is None:
+            self.generator = torch.Generator()
+        self.generator.manual_seed(self.seed + self.epoch)
+        yield from super().__iter__()
+        self.set_epoch(self.epoch + 1)
 
 
 class BatchSamplerShard(BatchSampler):
@@ -200,7 +214,9 @@ class _ResumeBatchSampler(Sampler):
     """Drops the first `skip` index batches of each iteration (the owner resets `skip`).
 
     `skip` is not reset here: a DataLoader with workers iterates its batch sampler twice
-    while it starts, and both iterators must skip.
+    while it starts, and both iterators must skip. Each iterator reads `skip` when it is made
+    but draws nothing until it is advanced, so the iterator the DataLoader leaves unused does
+    not move a shuffling sampler's generator.
     """
 
     def __init__(self, batch_sampler: Any) -> None:
@@ -211,11 +227,14 @@ class _ResumeBatchSampler(Sampler):
         return len(self.batch_sampler)
 
     def __iter__(self) -> Iterator[list[int]]:
+        return self._iterate(self.skip)
+
+    def _iterate(self, skip: int) -> Iterator[list[int]]:
         it = iter(self.batch_sampler)
-        for _ in range(self.skip):
+        for _ in range(skip):
             if next(it, None) is None:
-                break
-        return it
+                return
+        yield from it
 
 
 def _check_topology(num_processes: int, process_index: int) -> None:

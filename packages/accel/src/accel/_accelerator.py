@@ -671,8 +671,9 @@ _RNG_TYPES = ("generator", "torch", "cuda", "python", "numpy")
 def _rng_types(rng_types: Any) -> list[str]:
     """The generators to synchronize from the main process at each epoch start.
 
-    "generator" (the default) is met by construction: each prepared loader owns a generator
-    seeded from (seed, epoch), the same on every process. "torch", "cuda", "python" and
+    "generator" (the default) is met by the prepared loaders themselves: process 0's sampler
+    generator is sent to the others at each epoch start (a seedable sampler needs nothing:
+    its order is a function of (seed, epoch)). "torch", "cuda", "python" and
     "numpy" broadcast the main process's global state of that generator when an epoch
     starts (not when a resumed epoch continues, so a resume stays exact)."""
     if rng_types is None:

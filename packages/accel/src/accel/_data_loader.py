@@ -72,7 +72,7 @@ class DataLoaderDispatcher(accel_data.DataLoaderDispatcher):
 
 def iteration_observer(gradient_state: GradientState, rng_types: list[Any] | None) -> Any:
     """What a prepared loader tells when an iteration starts and ends: the gradient state,
-    and, with rng_types beyond "generator" (which the seedable sampler covers), the RNG
+    and, with rng_types beyond "generator" (which the prepared loader syncs itself), the RNG
     synchronization at each epoch start."""
     synced = [str(getattr(t, "value", t)) for t in rng_types or ()]
     synced = [t for t in synced if t != "generator"]
