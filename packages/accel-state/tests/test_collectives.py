@@ -20,6 +20,19 @@ class Batch:
     name: str
 
 
+class _Rows:
+    """The part of a datasets.Dataset that split_between_processes uses: len and select."""
+
+    def __init__(self, n: int, rows: list[int] | None = None) -> None:
+        self.rows = list(range(n)) if rows is None else rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def select(self, indices: list[int]) -> _Rows:
+        return _Rows(0, [self.rows[i] for i in indices])
+
+
 def _collectives_worker() -> dict:
     state = S.PartialState()
     rank, world = state.process_index, state.num_processes
@@ -56,6 +69,8 @@ def _collectives_worker() -> dict:
         out["split_dict"] = part
     with state.split_between_processes(torch.arange(5)) as part:
         out["split_tensor"] = part.tolist()
+    with state.split_between_processes(_Rows(5), apply_padding=True) as part:
+        out["split_rows"] = part.rows  # a datasets.Dataset-like table: rows by select()
     order = []
     with state.main_process_first():
         order.append(rank)
@@ -109,6 +124,8 @@ def test_collectives_real_processes(world: int) -> None:
     assert sum((out["split_dict"]["a"] for out in results), []) == [1, 2, 3, 4, 5]
     assert all(out["split_dict"]["s"] == "keep" for out in results)
     assert sum((out["split_tensor"] for out in results), []) == list(range(5))
+    rows = [out["split_rows"] for out in results]
+    assert sum(rows, [])[:5] == list(range(5)) and {len(r) for r in rows} == {-(-5 // world)}
     # every rank drew the same numbers after synchronization, different ones after device_specific
     assert all(out["rng"] == results[0]["rng"] for out in results)
     assert len({out["seeded"] for out in results}) == world

@@ -44,7 +44,18 @@ def _split_value(value: Any, num: int, index: int, apply_padding: bool) -> Any:
                 else:
                     part = part + type(value)(list(last) * missing)
         return part
+    if _is_selectable(value):  # a datasets.Dataset: its rows, by index
+        start, end = split_range(len(value), num, index)
+        rows = list(range(start, end))
+        if apply_padding and len(value) > 0:
+            rows += [len(value) - 1] * (math.ceil(len(value) / num) - len(rows))
+        return value.select(rows)
     return value
+
+
+def _is_selectable(value: Any) -> bool:
+    """A table of rows that takes `select(indices)` (HuggingFace datasets' Dataset)."""
+    return callable(getattr(value, "select", None)) and hasattr(value, "__len__")
 
 
 class ProcessControl:
@@ -118,7 +129,8 @@ class ProcessControl:
 
     @contextlib.contextmanager
     def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
-        """Yield this process's contiguous share of a list, tuple, tensor or dict of those.
+        """Yield this process's contiguous share of a list, tuple, tensor or dict of those, or
+        of a HuggingFace ``datasets.Dataset`` (its rows, by ``select``).
 
         With ``apply_padding`` every process gets the same length, the last element repeated,
         so the shares can be gathered; drop the extras after gathering.
@@ -140,10 +152,10 @@ class ProcessControl:
                 {k: _split_value(v, num, index, apply_padding) for k, v in inputs.items()}
             )
             return
-        if not isinstance(inputs, (list, tuple, torch.Tensor)):
+        if not (isinstance(inputs, (list, tuple, torch.Tensor)) or _is_selectable(inputs)):
             raise TypeError(
-                f"split_between_processes takes a list, tuple, tensor or dict of those; got "
-                f"{type(inputs).__name__}."
+                f"split_between_processes takes a list, tuple, tensor or dict of those, or a "
+                f"datasets.Dataset; got {type(inputs).__name__}."
             )
         yield _split_value(inputs, num, index, apply_padding)
 
