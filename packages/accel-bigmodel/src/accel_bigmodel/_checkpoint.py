@@ -141,9 +141,10 @@ def load_checkpoint_in_model(
     values unless `offload_buffers`. Floating tensors are cast to `dtype` (or to the model's
     dtype), except in `keep_in_fp32_modules`. Tied parameters are tied again after loading.
     Missing / unexpected keys raise with `strict`, else warn. `reader` picks how safetensors
-    shards are read: "auto"/"accel" (concurrent large reads into the final tensors, in the
-    model's order, within a bounded buffer), "mmap", "runai", "fastsafetensors", or a
-    `CheckpointReader` with its knobs. Peak memory stays near the model's size plus the
+    shards are read: "auto"/"accel" (tensors kept in host memory in their stored dtype map
+    their shard, a cold one faulted in by threads in the model's order while the first forward
+    runs; the others read concurrently into new tensors within a bounded buffer), "mmap",
+    "runai", "fastsafetensors", or a `CheckpointReader` with its knobs. Peak memory stays near the model's size plus the
     reader's buffer; `offload_state_dict` is accepted for compatibility (nothing to save).
     """
     del offload_state_dict

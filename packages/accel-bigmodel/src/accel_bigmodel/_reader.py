@@ -2,14 +2,20 @@
 
 A safetensors file is an 8-byte little-endian header length, a JSON header
 (``{name: {"dtype", "shape", "data_offsets": [begin, end]}}``, offsets relative to the end of
-the header) and the raw little-endian bytes. `read_header` parses and checks it; then
-`stream_tensors` reads the requested tensors with a few threads doing large positional reads
-(``os.preadv``) straight into the tensors the model keeps: one copy from the kernel, no walk of
-page faults through a memory map. Tensors are read in the order given (the model's forward
-order) and handed back in that order as soon as each is complete, while later ones are still
-being read. A tensor that changes dtype or goes to a GPU is read through a small pool of
-staging buffers (pinned for CUDA) and converted or copied chunk by chunk, so memory beyond the
-model stays within the buffer budget.
+the header) and the raw little-endian bytes. `read_header` parses and checks it.
+
+Two ways in, chosen per tensor by `_sources.load_accel`:
+
+- Tensors that stay in host memory in their stored dtype view a private map of the file
+  (`map_file`, `mapped_tensor`). A shard not in the page cache (`is_cached`) is brought in by
+  `FaultIn`: a few threads fault large runs of pages in, in the model's order, with
+  ``madvise(MADV_POPULATE_READ)``. The kernel reads straight into the page cache and maps those
+  pages: no copy, no fresh memory to fault in page by page, no Python per byte.
+- Tensors that change dtype or go to a GPU: `stream_tensors` reads them with a few threads doing
+  large positional reads (``os.preadv``) into new tensors, in the order given, handing each back
+  as soon as it is complete. A tensor that changes dtype or goes to a GPU is read through a
+  small pool of staging buffers (pinned for CUDA) and converted or copied chunk by chunk, so
+  memory beyond the model stays within the buffer budget.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import struct
 import sys
 import threading
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -51,18 +57,26 @@ class CheckpointReader:
     """How checkpoint shards are read: the backend and, for "accel", its threads and buffer.
 
     `backend`: "auto" (the default: "accel" for safetensors shards, torch.load for .bin/.pt),
-    "accel" (concurrent reads into the final tensors), "mmap" (safetensors' memory map, one
-    tensor at a time), "runai" (runai-model-streamer) or "fastsafetensors" (fastsafetensors);
-    the last two must be installed. `threads` (default 8) read at once; `buffer_size` (bytes or
-    "256MiB", the default) bounds the memory the reader holds beyond the model's own tensors.
-    `map_cached` (default True): a shard already wholly in the page cache is memory-mapped
-    instead of read, as safetensors' own loader does (no copy at all); False always reads.
+    "accel" (see below), "mmap" (safetensors' memory map, one tensor at a time), "runai"
+    (runai-model-streamer) or "fastsafetensors" (fastsafetensors); the last two must be
+    installed. `threads` (default 8) read at once; `buffer_size` (bytes or "256MiB", the
+    default) bounds the memory the reader holds beyond the model's own tensors.
+
+    "accel" (and "auto") serve tensors that stay in host memory in their stored dtype as views
+    of a private map of their shard, as safetensors' own loader does: no copy and no fresh
+    memory. A shard not in the page cache is brought in by `threads` threads faulting large
+    runs in, in the model's order. Tensors that change dtype or go to a GPU are read with
+    large positional reads into new tensors (through staging buffers). `map_cached=False`
+    reads every tensor into new memory instead of mapping. `overlap` (default True): the load
+    returns while a cold shard is still coming in, and each module's forward first waits for
+    its own tensors, so the first forward runs alongside the reading; False waits for all.
     """
 
     backend: str = "auto"
     threads: int | None = None
     buffer_size: int | str | None = None
     map_cached: bool = True
+    overlap: bool = True
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -82,12 +96,13 @@ class CheckpointReader:
                     f"CheckpointReader buffer_size={self.buffer_size!r} is below 1MiB; give at "
                     f'least "1MiB" (the default is "256MiB").'
                 )
-        if not isinstance(self.map_cached, bool):
-            raise ValueError(f"CheckpointReader map_cached={self.map_cached!r} must be a bool.")
+        for flag in ("map_cached", "overlap"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"CheckpointReader {flag}={getattr(self, flag)!r} must be a bool.")
         honoured = {"mmap": (), "runai": (), "fastsafetensors": ("threads",)}
         if self.backend in honoured:
             tuned = [k for k in ("threads", "buffer_size") if getattr(self, k) is not None]
-            tuned += [] if self.map_cached else ["map_cached"]
+            tuned += [k for k in ("map_cached", "overlap") if not getattr(self, k)]
             ignored = [k for k in tuned if k not in honoured[self.backend]]
             if ignored:
                 raise ValueError(
@@ -404,23 +419,23 @@ def _submit(
     return out, futures
 
 
-def map_if_cached(path: str, samples: int = 256, window: int = 16) -> mmap.mmap | None:
-    """A private map of `path` when its pages are in the page cache now, else None.
-
-    A cached file needs no reading at all: tensors viewing the map (as safetensors' own loader
-    makes them) cost only the mapping. The check asks mincore about `samples` windows of
-    `window` pages spread over the file (a whole-file walk costs ~7 ms per 400 MB, more than
-    the load itself); a page it missed is read on first touch, as with any memory map.
-    Linux only; elsewhere files are read.
-    """
+def map_file(path: str) -> mmap.mmap | None:
+    """A private (copy-on-write) map of `path`, or None for an empty file or off Linux."""
     if not sys.platform.startswith("linux") or os.path.getsize(path) == 0:
         return None
     with open(path, "rb") as f:
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+
+
+def is_cached(mapped: mmap.mmap, samples: int = 256, window: int = 16) -> bool:
+    """Whether the pages of `mapped` are in the page cache now (sampled with mincore).
+
+    The check asks mincore about `samples` windows of `window` pages spread over the file (a
+    whole-file walk costs ~7 ms per 400 MB, more than a warm load itself).
+    """
     pages = -(-len(mapped) // mmap.PAGESIZE)
     status = (ctypes.c_ubyte * window)()
     anchor = ctypes.c_char.from_buffer(mapped)
-    cached = True
     try:
         mincore = ctypes.CDLL(None, use_errno=True).mincore
         base = ctypes.addressof(anchor)
@@ -431,14 +446,202 @@ def map_if_cached(path: str, samples: int = 256, window: int = 16) -> mmap.mmap 
             if mincore(address, ctypes.c_size_t(count * mmap.PAGESIZE), status) or bytes(
                 status[:count]
             ).count(0):
-                cached = False
-                break
+                return False
     finally:
         del anchor
-    if not cached:
-        mapped.close()
+    return True
+
+
+def map_if_cached(path: str, samples: int = 256, window: int = 16) -> mmap.mmap | None:
+    """A private map of `path` when its pages are in the page cache now, else None.
+
+    A cached file needs no reading at all: tensors viewing the map (as safetensors' own loader
+    makes them) cost only the mapping. Linux only; elsewhere files are read.
+    """
+    mapped = map_file(path)
+    if mapped is None or is_cached(mapped, samples, window):
+        return mapped
+    mapped.close()
+    return None
+
+
+_MADV_POPULATE_READ = 22  # Linux 5.14+: fault pages in (reading them) without copying them
+
+
+class FaultIn:
+    """Bring mapped tensors' pages in from disk with a few threads, in the order given.
+
+    `items` are (path, map, offset, nbytes) of tensors viewing private maps of their files.
+    Their page ranges are cut into runs of up to `chunk` bytes (neighbouring small tensors
+    share a run) and `threads` threads fault the runs in, front to back, with
+    ``madvise(MADV_POPULATE_READ)``: the kernel reads each run with large requests into the page
+    cache and maps it, with no copy and no fresh memory (the tensors are the cache's pages, as
+    with safetensors' own memory map). Where that call is missing, a run is read with
+    ``preadv`` into a small reused buffer instead (which leaves it in the page cache).
+    `wait(i)` blocks until item i is in; the tensors are valid all along (touching a page that
+    is not in yet reads it on the spot).
+    """
+
+    def __init__(
+        self,
+        items: Sequence[tuple[str, mmap.mmap, int, int]],
+        threads: int = DEFAULT_THREADS,
+        chunk: int = 8 * 2**20,
+    ) -> None:
+        page = mmap.PAGESIZE
+        chunk = max(page, chunk - chunk % page)
+        self.order: list[int] = []  # items in the order they came in
+        self._paths: list[str] = []
+        self._maps: list[mmap.mmap] = []
+        self._bases: list[int] = []
+        self._anchors: list[ctypes.c_char] = []
+        self._index: dict[int, int] = {}
+        self._jobs: list[tuple[int, int, int, list[int]]] = []  # (map, begin, end, items)
+        self._remaining = [0] * len(items)
+        for i, (path, mapped, offset, nbytes) in enumerate(items):
+            m = self._map_index(path, mapped)
+            begin = offset - offset % page
+            end = min(len(mapped), -(-(offset + nbytes) // page) * page) if nbytes else begin
+            pos = begin
+            last = self._jobs[-1] if self._jobs else None
+            if last and last[0] == m and last[1] <= begin <= last[2] and last[1] + chunk > begin:
+                pos = max(last[2], min(end, last[1] + chunk))
+                self._jobs[-1] = (m, last[1], pos, [*last[3], i])
+                self._remaining[i] += 1
+            while pos < end:
+                stop = min(end, pos + chunk)
+                self._jobs.append((m, pos, stop, [i]))
+                self._remaining[i] += 1
+                pos = stop
+        self._done = [r == 0 for r in self._remaining]
+        self.order = [i for i, done in enumerate(self._done) if done]
+        self._cond = threading.Condition()
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[[], object]] = []
+        self._next = 0
+        self._pid = os.getpid()
+        count = max(1, min(threads, len(self._jobs))) if self._jobs else 0
+        self._alive = count
+        self._threads = [
+            threading.Thread(target=self._work, name="accel-fault-in", daemon=True)
+            for _ in range(count)
+        ]
+        for thread in self._threads:
+            thread.start()
+        if not count:
+            self._anchors.clear()
+
+    def _map_index(self, path: str, mapped: mmap.mmap) -> int:
+        key = id(mapped)
+        if key not in self._index:
+            self._index[key] = len(self._maps)
+            self._paths.append(path)
+            self._maps.append(mapped)
+            anchor = ctypes.c_char.from_buffer(mapped)
+            self._anchors.append(anchor)
+            self._bases.append(ctypes.addressof(anchor))
+        return self._index[key]
+
+    def _take(self) -> tuple[int, int, int, list[int]] | None:
+        with self._cond:
+            if self._next >= len(self._jobs) or self._error is not None:
+                return None
+            self._next += 1
+            return self._jobs[self._next - 1]
+
+    def _work(self) -> None:
+        madvise = _libc_madvise()
+        files = _Files()
+        scratch: memoryview | None = None
+        try:
+            while (job := self._take()) is not None:
+                m, begin, end, members = job
+                if madvise is not None:
+                    address = ctypes.c_void_p(self._bases[m] + begin)
+                    if madvise(address, ctypes.c_size_t(end - begin), _MADV_POPULATE_READ):
+                        madvise = None  # not supported here: read through the page cache
+                if madvise is None:
+                    scratch = scratch or memoryview(bytearray(min(_MAX_CHUNK, end - begin)))
+                    self._read(files.fd(self._paths[m]), begin, end, scratch)
+                with self._cond:
+                    for i in members:
+                        self._remaining[i] -= 1
+                        if not self._remaining[i]:
+                            self._done[i] = True
+                            self.order.append(i)
+                    self._cond.notify_all()
+        except BaseException as e:  # handed to whoever waits
+            with self._cond:
+                self._error = e
+        finally:
+            files.close()
+            with self._cond:
+                self._alive -= 1
+                callbacks = []
+                if not self._alive:
+                    self._anchors.clear()  # the maps may close once no tensor views them
+                    if self._error is None:  # on an error the waiters keep raising it
+                        callbacks, self._callbacks = self._callbacks, []
+                self._cond.notify_all()
+            for callback in callbacks:
+                callback()
+
+    def on_finish(self, callback: Callable[[], object]) -> None:
+        """Call `callback` (from a reading thread) once every item is in, or now if they are."""
+        with self._cond:
+            if self._alive:
+                self._callbacks.append(callback)
+                return
+            if self._error is not None:
+                return
+        callback()
+
+    @staticmethod
+    def _read(fd: int, begin: int, end: int, scratch: memoryview) -> None:
+        pos = begin
+        while pos < end:
+            n = os.preadv(fd, [scratch[: min(len(scratch), end - pos)]], pos)
+            if n <= 0:
+                return  # past the file's end: the map's own fault reports it on use
+            pos += n
+
+    def wait(self, item: int) -> None:
+        """Block until `item`'s pages are in; re-raise a reading thread's error.
+
+        In a process forked from the loading one (no reading threads there) it returns at
+        once: the map is valid and pages not in yet are read when touched.
+        """
+        if os.getpid() != self._pid:
+            return
+        with self._cond:
+            while not self._done[item] and self._alive and self._error is None:
+                self._cond.wait()
+            if not self._done[item] and self._error is not None:
+                raise OSError(f"Reading checkpoint pages failed: {self._error!r}") from self._error
+
+    def join(self) -> None:
+        """Block until every item is in; re-raise a reading thread's error."""
+        for thread in self._threads:
+            thread.join()
+        if self._error is not None:
+            raise OSError(f"Reading checkpoint pages failed: {self._error!r}") from self._error
+
+    @property
+    def finished(self) -> bool:
+        with self._cond:
+            return not self._alive
+
+
+def _libc_madvise():
+    if not sys.platform.startswith("linux"):
         return None
-    return mapped
+    try:
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    madvise.restype = ctypes.c_int
+    return madvise
 
 
 def mapped_tensor(mapped: mmap.mmap, info: TensorInfo) -> torch.Tensor | None:

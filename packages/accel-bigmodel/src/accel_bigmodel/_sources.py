@@ -1,7 +1,9 @@
 """The readers behind `load_checkpoint_in_model(reader=...)`, each feeding a `Placer`.
 
-- accel: every safetensors shard's header is parsed first; the tensors to read are sorted into
-  the model's order and read concurrently into their final tensors (`_reader.stream_tensors`).
+- accel: every safetensors shard's header is parsed first. Tensors kept in host memory in their
+  stored dtype view a private map of their shard, cold shards faulted in by threads in the
+  model's order (`_reader.FaultIn`); the rest are sorted into the model's order and read
+  concurrently into new tensors (`_reader.stream_tensors`).
 - mmap: safetensors' ``safe_open``, one tensor at a time (the memory map's page faults).
 - torch: ``.bin`` / ``.pt`` files through ``torch.load(weights_only=True)``.
 - runai / fastsafetensors: the optional streamers, imported when asked for.
@@ -22,10 +24,12 @@ from accel_bigmodel._placer import Placer, Plan
 from accel_bigmodel._progress import Progress
 from accel_bigmodel._reader import (
     CheckpointReader,
+    FaultIn,
     ReadRequest,
     TensorInfo,
     UnsupportedDtype,
-    map_if_cached,
+    is_cached,
+    map_file,
     mapped_tensor,
     read_header,
     stream_tensors,
@@ -76,13 +80,24 @@ def plan_file(placer: Placer, infos: list[TensorInfo]) -> list[tuple[TensorInfo,
 def load_accel(
     placer: Placer, paths: list[str], reader: CheckpointReader, progress: Progress
 ) -> list[str]:
-    """Read `paths` with the concurrent reader; return the files it leaves to the mmap reader."""
+    """Read `paths` with the concurrent reader; return the files it leaves to the mmap reader.
+
+    Tensors that stay in host memory in their stored dtype view a private map of their shard
+    (no copy, as safetensors' own loader); shards not in the page cache are brought in by
+    `FaultIn` threads in the model's order, and with `reader.overlap` the load returns while
+    they run: each module's forward first waits for its own tensors. The other tensors (a
+    dtype change, a GPU) are read into new tensors by `stream_tensors`.
+    """
     work: list[tuple[TensorInfo, Plan]] = []
     left: list[str] = []
     maps: dict[str, mmap.mmap | None] = {}
+    cached: dict[str, bool] = {}
     if reader.map_cached:  # the page-cache checks of all shards at once (mincore drops the GIL)
+        maps = {path: map_file(path) for path in paths}
         with ThreadPoolExecutor(min(len(paths), reader.resolved_threads)) as pool:
-            maps = dict(zip(paths, pool.map(map_if_cached, paths)))
+            live = [p for p in paths if maps[p] is not None]
+            cached = dict(zip(live, pool.map(lambda p: is_cached(maps[p]), live)))
+    views: list[tuple[TensorInfo, Plan, torch.Tensor]] = []
     for path in paths:
         try:
             infos = read_header(path)
@@ -93,10 +108,18 @@ def load_accel(
             continue
         todo = plan_file(placer, infos)
         if todo and maps.get(path) is not None:
-            todo = _place_mapped(placer, maps[path], todo)
+            todo = _split_mapped(placer, maps[path], todo, views)
         work.extend(todo)
         if not todo:
             progress.update()
+    views.sort(key=lambda item: item[1].position)
+    for info, plan, view in views:
+        placer.put(info.name, plan, view)
+    cold = [(i, p) for i, p, _ in views if not cached.get(i.path)]
+    fault_in = None
+    if cold:
+        items = [(i.path, maps[i.path], i.offset, i.nbytes) for i, _ in cold]
+        fault_in = FaultIn(items, reader.resolved_threads)
     work.sort(key=lambda item: item[1].position)
     remaining = Counter(info.path for info, _ in work)
     requests = [
@@ -112,22 +135,83 @@ def load_accel(
         remaining[info.path] -= 1
         if not remaining[info.path]:
             progress.update()
+    if fault_in is not None:
+        if reader.overlap:
+            wait_in_forward(placer.model, [plan.target for _, plan in cold], fault_in)
+        else:
+            fault_in.join()
     return left
 
 
-def _place_mapped(
-    placer: Placer, mapped: mmap.mmap, todo: list[tuple[TensorInfo, Plan]]
+def _split_mapped(
+    placer: Placer,
+    mapped: mmap.mmap,
+    todo: list[tuple[TensorInfo, Plan]],
+    views: list[tuple[TensorInfo, Plan, torch.Tensor]],
 ) -> list[tuple[TensorInfo, Plan]]:
-    """Place what a wholly cached shard can serve as views of its map; return the rest."""
+    """Add to `views` what a mapped shard can serve as views of its map; return the rest."""
     rest = []
     for info, plan in todo:
         same = placer.final_dtype(plan, info.dtype) == info.dtype
-        view = mapped_tensor(mapped, info) if same and plan.target is not None else None
+        on_host = _read_device(plan.device).type == "cpu"
+        view = mapped_tensor(mapped, info) if same and on_host and plan.target else None
         if view is None:
             rest.append((info, plan))
         else:
-            placer.put(info.name, plan, view)
+            views.append((info, plan, view))
     return rest
+
+
+def wait_in_forward(model: torch.nn.Module, targets: list[str | None], fault_in: FaultIn) -> None:
+    """Make each module that owns one of `targets` (item i of `fault_in`) wait for its items.
+
+    A forward pre-hook per module waits only for that module's own tensors, then removes
+    itself; the hooks are removed too once every item is in.
+    """
+    owners: dict[str, list[int]] = {}
+    for i, name in enumerate(targets):
+        if name is not None:
+            owners.setdefault(name.rpartition(".")[0], []).append(i)
+    modules = dict(model.named_modules())
+    handles = [
+        _wait_for(modules[prefix], items, fault_in)
+        for prefix, items in owners.items()
+        if prefix in modules
+    ]
+    fault_in.on_finish(lambda: [h.remove() for h in handles])
+
+
+def _wait_for(module: torch.nn.Module, items: list[int], fault_in: FaultIn) -> object:
+    hook = _WaitForOwn(items, fault_in)
+    hook.handle = module.register_forward_pre_hook(hook)
+    return hook.handle
+
+
+class _WaitForOwn:
+    """A forward pre-hook: wait for the module's own tensors once, then remove itself.
+
+    A copy of the model made meanwhile (`copy.deepcopy`, pickling) gets a hook that does
+    nothing: the mapped tensors are valid all along, the wait only orders the reads.
+    """
+
+    def __init__(self, items: list[int], fault_in: FaultIn) -> None:
+        self.items, self.fault_in, self.handle = items, fault_in, None
+
+    def __call__(self, _module: torch.nn.Module, _args: object) -> None:
+        for i in self.items:
+            self.fault_in.wait(i)
+        if self.handle is not None:
+            self.handle.remove()
+
+    def __reduce__(self) -> tuple[type, tuple[()]]:
+        return (_NoWait, ())
+
+
+class _NoWait:
+    """What a copied `_WaitForOwn` becomes: a pre-hook that leaves the call alone."""
+
+    def __call__(self, _module: torch.nn.Module, _args: object) -> None:
+        return None
 
 
 def _safetensors_items(path: str) -> Iterator[tuple[str, Callable[[], torch.Tensor], dict]]:
