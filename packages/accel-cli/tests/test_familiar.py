@@ -144,7 +144,9 @@ def test_to_fsdp2_errors_have_accelerates_types(tmp_path) -> None:
         to_fsdp2_command(ns(config_file=str(cfg), output_file=str(cfg)))
 
 
-def test_tpu_config_prints_the_gcloud_command(capsys) -> None:
+def test_tpu_config_prints_the_gcloud_command(capsys, monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))  # no default config file
+    monkeypatch.delenv("ACCEL_CONFIG_FILE", raising=False)
     from accel_cli._tpu import tpu_command_launcher, tpu_command_parser
 
     args = tpu_command_parser().parse_args(
@@ -154,6 +156,14 @@ def test_tpu_config_prints_the_gcloud_command(capsys) -> None:
     assert "ssh t --zone z --command cd /usr/share; pip install accel -U; ls --worker all" in (
         capsys.readouterr().out
     )
+    from accel_cli.main import main  # and as a subcommand of `accel`, as of `accelerate`
+
+    argv = ["tpu-config", "--command", "ls", "--tpu_zone", "z", "--tpu_name", "t", "--debug"]
+    assert main(argv) == 0
+    assert "gcloud compute tpus tpu-vm ssh t --zone z --command cd /usr/share; ls" in (
+        capsys.readouterr().out
+    )
+    assert main(["tpu-config", "--tpu_zone", "z", "--tpu_name", "t", "--debug"]) == 2
 
 
 def test_convert_nargs_to_dict_infers_types() -> None:

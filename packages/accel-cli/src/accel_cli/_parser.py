@@ -285,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(
         dest="command",
-        metavar="{launch,config,env,estimate-memory,test,to-fsdp2,merge-weights}",
+        metavar="{launch,config,env,estimate-memory,test,to-fsdp2,merge-weights,tpu-config}",
         required=True,
     )
     _add_launch(sub)
@@ -299,6 +299,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_test(sub)
     _add_to_fsdp2(sub)
     _add_merge_weights(sub)
+    from accel_cli._tpu import tpu_command_parser
+
+    tpu = tpu_command_parser(sub)  # its --command would hide the subcommand's name
+    tpu.set_defaults(subcommand="tpu-config")
     return parser
 
 

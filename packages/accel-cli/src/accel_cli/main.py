@@ -362,6 +362,18 @@ def merge_weights_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def tpu_config_command(args: argparse.Namespace) -> int:
+    """`accel tpu-config`: the gcloud command that sets up every worker of a TPU VM."""
+    from accel_cli._tpu import tpu_command_launcher
+
+    try:
+        tpu_command_launcher(args)
+    except ValueError as err:
+        _say(f"error: {err}")
+        return 2
+    return 0
+
+
 _COMMANDS = {
     ("launch", None): launch_command,
     ("config", None): config_questionnaire_command,
@@ -374,6 +386,7 @@ _COMMANDS = {
     ("test", None): test_command,
     ("to-fsdp2", None): to_fsdp2_command,
     ("merge-weights", None): merge_weights_command,
+    ("tpu-config", None): tpu_config_command,
 }
 
 
@@ -389,7 +402,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
     except SystemExit as stop:  # --help, or a usage error argparse already printed
         return stop.code if isinstance(stop.code, int) else 2
-    command = _COMMANDS[(args.command, getattr(args, "config_command", None))]
+    name = getattr(args, "subcommand", None) or args.command
+    command = _COMMANDS[(name, getattr(args, "config_command", None))]
     try:
         return command(args)
     except ConfigError as err:
