@@ -141,7 +141,6 @@ def test_values_accel_cannot_honour_are_refused(argv, expected, tmp_path, capsys
     [
         ("distributed_type: XLA\n", "TPU"),
         ("parallelism_config:\n  parallelism_config_sp_size: 2\n", "DeepSpeed-Ulysses"),
-        ("megatron_lm_config:\n  megatron_lm_tp_degree: 2\n", "Megatron-LM"),
         ("downcast_bf16: 'yes'\n", "downcast_bf16"),
         ("tpu_env: [A=1]\n", "tpu_env"),
         ("dynamo_config:\n  dynamo_backend: NVPRIMS_NVFUSER\n", "nvFuser"),
@@ -387,3 +386,40 @@ def test_parallelism_flags_reach_the_workers(tmp_path, capsys):
     assert main(["launch", "--dry_run", "--use_parallelism_config", str(script)]) == 0
     handed = json.loads(capsys.readouterr().out.split("ACCEL_LAUNCH_CONFIG=", 1)[1].split("\n")[0])
     assert handed["parallelism_config"] == {"parallelism_config_dp_replicate_size": 1}
+
+
+def test_megatron_flags_and_file_reach_the_workers(tmp_path, capsys):
+    """--use_megatron_lm and the --megatron_lm_* flags (or the megatron_lm_config keys of a
+    file) are handed to the workers, where MegatronLMPlugin maps them onto the mesh."""
+    from accel_parallel import megatron_settings
+
+    script = tmp_path / "s.py"
+    script.write_text("")
+    _, env = _dry_run(
+        capsys, "--use_megatron_lm", "--megatron_lm_pp_degree", "2",
+        "--megatron_lm_num_micro_batches", "4", "--megatron_lm_gradient_clipping", "0.5",
+        "--megatron_lm_recompute_activations", "true", "--num_processes", "2", "--cpu",
+        str(script),
+    )  # fmt: skip
+    launched = json.loads(env["ACCEL_LAUNCH_CONFIG"])
+    assert launched["distributed_type"] == "MEGATRON_LM"
+    assert launched["megatron_lm_config"]["megatron_lm_pp_degree"] == 2
+    config, fsdp, clip = megatron_settings(
+        None, launched, world_size=2, parallelism_config=None, fsdp_plugin=None
+    )
+    assert (config.pp_size, config.pp_microbatches, clip) == (2, 4, 0.5)
+    assert fsdp.activation_checkpointing
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "distributed_type: MEGATRON_LM\nnum_processes: 4\nuse_cpu: true\nmegatron_lm_config:\n"
+        "  megatron_lm_tp_degree: 2\n  megatron_lm_pp_degree: 2\n"
+    )
+    _, env = _dry_run(capsys, "--config_file", str(cfg), str(script))
+    launched = json.loads(env["ACCEL_LAUNCH_CONFIG"])
+    config, _, _ = megatron_settings(
+        None, launched, world_size=4, parallelism_config=None, fsdp_plugin=None
+    )
+    assert (config.tp_size, config.pp_size) == (2, 2)
+    assert main(["launch", "--dry_run", "--megatron_lm_pp_degree", "2", str(script)]) == 2
+    assert "apply only with --use_megatron_lm" in capsys.readouterr().err

@@ -167,7 +167,7 @@ def test_mismatch_and_missing_files_are_clear_errors(tmp_path: Path) -> None:
     acc3, *_ = _simple(tmp_path)
     with pytest.raises(FileNotFoundError, match="optimizer.bin"):
         acc3.load_state(tmp_path / "ck")
-    with pytest.raises(FileNotFoundError, match="not a complete accel checkpoint"):
+    with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
         acc3.load_state(tmp_path / "nowhere")
 
 
@@ -259,7 +259,9 @@ def test_a_process_killed_mid_save_leaves_the_previous_checkpoint(tmp_path: Path
     )
     assert proc.returncode == -9, proc.stderr
     root = tmp_path / "checkpoints"
-    assert (root / ".checkpoint_1.incomplete" / "model.safetensors").exists()  # half written
+    staged = tmp_path / ".accel_incomplete_checkpoints" / "checkpoint_1"
+    assert (staged / "model.safetensors").exists()  # half written, outside checkpoints/
+    assert sorted(p.name for p in root.iterdir()) == ["checkpoint_0"]
     acc, model, opt = _simple(tmp_path, automatic_checkpoint_naming=True)
     with torch.no_grad():
         model.weight.zero_()
@@ -268,7 +270,7 @@ def test_a_process_killed_mid_save_leaves_the_previous_checkpoint(tmp_path: Path
     torch.manual_seed(0)
     assert torch.equal(model.weight, nn.Linear(3, 2).weight)
     assert acc.save_state().endswith("checkpoint_1")  # numbering goes on; the debris is replaced
-    assert not (root / ".checkpoint_1.incomplete").exists()
+    assert not staged.exists()
 
 
 class Tied(nn.Module):
@@ -381,9 +383,9 @@ def test_a_process_killed_during_an_async_save_leaves_the_previous_checkpoint(
     )
     assert proc.returncode == -9, proc.stderr
     assert "save_state returned" in proc.stdout  # the save did not block the loop
-    root = tmp_path / "checkpoints"
-    assert (root / ".checkpoint_1.incomplete").exists()
-    assert not (root / ".checkpoint_1.incomplete" / "accel_checkpoint.json").exists()
+    staged = tmp_path / ".accel_incomplete_checkpoints" / "checkpoint_1"
+    assert staged.exists() and not (staged / "accel_checkpoint.json").exists()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["checkpoint_0"]
     acc, model, opt = _simple(tmp_path, automatic_checkpoint_naming=True)
     with pytest.warns(UserWarning, match="ignoring incomplete checkpoints"):
         assert acc.load_state().endswith("checkpoint_0")

@@ -290,7 +290,7 @@ def test_each_rank_holds_half_of_parameters_and_optimizer_state(two_ranks):
 
 def test_sharded_checkpoint_resumes_exactly_and_on_another_world_size(two_ranks):
     first = two_ranks["ranks"][0]["resume"]
-    assert "model_fsdp" in first["files"] and "optimizer_fsdp" in first["files"]
+    assert "pytorch_model_fsdp_0" in first["files"] and "optimizer_0" in first["files"]
     again = two_ranks["again"][0]
     _assert_state_close(again["state"], first["state"], rtol=0.0, atol=0.0)  # bit for bit
     assert again["lr"] == first["lr"]
@@ -334,8 +334,8 @@ def test_plugin_translates_fsdp1_settings_and_refuses_what_it_cannot():
 
 def test_full_state_dict_type_writes_one_file_and_loads_back(two_ranks):
     full = two_ranks["ranks"][0]["full"]
-    assert "model.safetensors" in full["files"] and "optimizer.bin" in full["files"]
-    assert not any(f.endswith("_fsdp") for f in full["files"])
+    assert "pytorch_model_fsdp.bin" in full["files"] and "optimizer.bin" in full["files"]
+    assert not any(f.startswith("pytorch_model_fsdp_") for f in full["files"])
     assert full["same"] and full["n"] > 0
 
 
@@ -350,7 +350,8 @@ def test_save_model_and_merge_weights_give_plain_safetensors(two_ranks, tmp_path
     _assert_state_close(exported, saved, rtol=0.0, atol=0.0)
     out = merge_fsdp_weights(two_ranks["folder"], tmp_path / "merged")
     _assert_state_close(load_file(out / "model.safetensors"), saved, rtol=0.0, atol=0.0)
-    assert main(["merge-weights", two_ranks["folder"] + "/model_fsdp", str(tmp_path / "cli")]) == 0
+    cli = ["merge-weights", two_ranks["folder"] + "/pytorch_model_fsdp_0", str(tmp_path / "cli")]
+    assert main(cli) == 0
     _assert_state_close(load_file(tmp_path / "cli/model.safetensors"), saved, rtol=0.0, atol=0.0)
     # the asynchronous save of the same moment holds the same weights
     out = merge_fsdp_weights(two_ranks["folder"] + "_async", tmp_path / "async")

@@ -114,7 +114,7 @@ def launch_command(args: argparse.Namespace) -> None:
 
 # Section key -> the launch flag that carries it (fsdp_config.fsdp_version -> fsdp_version).
 _SECTION_FLAGS = {(section, key): flag for flag, (section, key) in SECTION_KEYS.items()}
-_TYPE_FLAGS = {"FSDP": "use_fsdp", "DEEPSPEED": "use_deepspeed"}
+_TYPE_FLAGS = {"FSDP": "use_fsdp", "DEEPSPEED": "use_deepspeed", "MEGATRON_LM": "use_megatron_lm"}
 
 
 def _resolution(args: argparse.Namespace) -> tuple[Any, Any, Any]:

@@ -26,10 +26,6 @@ SAGEMAKER = (
     "Amazon SageMaker is not provided by accel: `accel launch` runs on this machine; submit "
     "SageMaker jobs with `accelerate launch` or the SageMaker Python SDK"
 )
-MEGATRON = (
-    "Megatron-LM is not integrated in accel; use Megatron-LM's own launcher, or DDP (the "
-    "default with several processes)"
-)
 SEQUENCE_PARALLEL = (
     "sequence parallel (parallelism_config_sp_*) is DeepSpeed-Ulysses, which accel does not "
     "run; split long sequences with --parallelism_config_cp_size (torch's context parallel, "
@@ -268,10 +264,14 @@ _FSDP = (
 SECTION_KEYS.update({f.name: ("fsdp_config", f.name) for f in _FSDP if f.name != "use_fsdp"})
 
 _MEGATRON = (
-    _switch("use_megatron_lm", refused=MEGATRON),
-    _f("megatron_lm_tp_degree", 1, int, refused=MEGATRON),
+    _switch(
+        "use_megatron_lm",
+        help="Pipeline / tensor parallel as accelerate's Megatron-LM plugin asks, on accel's "
+        "device mesh (MegatronLMPlugin); the --megatron_lm_* flags fill it.",
+    ),
+    _f("megatron_lm_tp_degree", 1, int),
     *(
-        _f(f"megatron_lm_{n}", False, loose_bool, refused=MEGATRON)
+        _f(f"megatron_lm_{n}", False, loose_bool)
         for n in (
             "use_custom_fsdp",
             "no_load_optim",
@@ -282,25 +282,29 @@ _MEGATRON = (
             "use_precision_aware_optimizer",
         )
     ),
-    _f("megatron_lm_decoder_last_pipeline_num_layers", kind=int, refused=MEGATRON),
-    _f("megatron_lm_pp_degree", 1, int, refused=MEGATRON),
-    _f("megatron_lm_num_micro_batches", kind=int, refused=MEGATRON),
-    _f("megatron_lm_sequence_parallelism", refused=MEGATRON),
-    _f("megatron_lm_recompute_activations", refused=MEGATRON),
-    _f("megatron_lm_use_distributed_optimizer", refused=MEGATRON),
-    _f("megatron_lm_gradient_clipping", 1.0, float, refused=MEGATRON),
-    _f("megatron_lm_recompute_granularity", refused=MEGATRON),
-    _f("megatron_lm_recompute_method", refused=MEGATRON),
-    _f("megatron_lm_recompute_num_layers", kind=int, refused=MEGATRON),
-    _f("megatron_lm_attention_backend", refused=MEGATRON),
-    _f("megatron_lm_expert_model_parallel_size", kind=int, refused=MEGATRON),
-    _f("megatron_lm_context_parallel_size", kind=int, refused=MEGATRON),
-    _f("megatron_lm_attention_dropout", kind=float, refused=MEGATRON),
-    _f("megatron_lm_hidden_dropout", kind=float, refused=MEGATRON),
-    _f("megatron_lm_attention_softmax_in_fp32", refused=MEGATRON),
-    _f("megatron_lm_expert_tensor_parallel_size", kind=int, refused=MEGATRON),
-    _f("megatron_lm_calculate_per_token_loss", refused=MEGATRON),
-    _f("megatron_lm_use_rotary_position_embeddings", refused=MEGATRON),
+    _f("megatron_lm_decoder_last_pipeline_num_layers", kind=int),
+    _f("megatron_lm_pp_degree", 1, int),
+    _f("megatron_lm_num_micro_batches", kind=int),
+    _f("megatron_lm_sequence_parallelism"),
+    _f("megatron_lm_recompute_activations"),
+    _f("megatron_lm_use_distributed_optimizer"),
+    _f("megatron_lm_gradient_clipping", 1.0, float),
+    _f("megatron_lm_recompute_granularity"),
+    _f("megatron_lm_recompute_method"),
+    _f("megatron_lm_recompute_num_layers", kind=int),
+    _f("megatron_lm_attention_backend"),
+    _f("megatron_lm_expert_model_parallel_size", kind=int),
+    _f("megatron_lm_context_parallel_size", kind=int),
+    _f("megatron_lm_attention_dropout", kind=float),
+    _f("megatron_lm_hidden_dropout", kind=float),
+    _f("megatron_lm_attention_softmax_in_fp32"),
+    _f("megatron_lm_expert_tensor_parallel_size", kind=int),
+    _f("megatron_lm_calculate_per_token_loss"),
+    _f("megatron_lm_use_rotary_position_embeddings"),
+)
+
+SECTION_KEYS.update(
+    {f.name: ("megatron_lm_config", f.name) for f in _MEGATRON if f.name != "use_megatron_lm"}
 )
 
 _PARALLELISM = (
@@ -354,7 +358,7 @@ _GROUPS = (
     ("refused: SageMaker", _SAGEMAKER),
     ("DeepSpeed ZeRO (with --use_deepspeed, or distributed_type: DEEPSPEED)", _DEEPSPEED),
     ("FSDP2 (with --use_fsdp, or distributed_type: FSDP in the file)", _FSDP),
-    ("refused: Megatron-LM", _MEGATRON),
+    ("Megatron-LM plugin (with --use_megatron_lm): mapped onto accel's mesh", _MEGATRON),
     ("ParallelismConfig: one device mesh (parallelism_config)", _PARALLELISM),
 )
 

@@ -256,9 +256,10 @@ def _add_merge_weights(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "merge-weights",
         help="Merge a sharded FSDP2 model save into plain safetensors weights.",
-        description="CHECKPOINT_DIR is a checkpoint folder written by save_state under FSDP2 "
-        "(or its model_fsdp subfolder); OUTPUT is the folder to write model.safetensors (or "
-        "shards with an index json) into. Runs in one process, without a process group.",
+        description="CHECKPOINT_DIR is a model's sharded folder written by save_state under "
+        "FSDP2 (CKPT/pytorch_model_fsdp_0), or the checkpoint folder holding exactly one; "
+        "OUTPUT is the folder to write model.safetensors (pytorch_model.bin with "
+        "--unsafe_serialization) into. Runs in one process, without a process group.",
     )
     p.add_argument("checkpoint_directory", metavar="CHECKPOINT_DIR")
     p.add_argument("output_path", metavar="OUTPUT")

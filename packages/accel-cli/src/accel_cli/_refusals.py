@@ -48,6 +48,7 @@ def flag_refusals(
     mixed_precision: str = "no",
     fsdp_from_file: bool = False,
     deepspeed_from_file: bool = False,
+    megatron_from_file: bool = False,
 ) -> list[str]:
     """One message per given flag that asks for something accel does not provide."""
     out = []
@@ -85,6 +86,18 @@ def flag_refusals(
             f"{', '.join(ds_flags)}: DeepSpeed settings apply only to a DeepSpeed run; add "
             f"--use_deepspeed (or distributed_type: DEEPSPEED in the config file) or drop them."
         )
+    mt_flags = [  # set away from accelerate's default, without --use_megatron_lm
+        f"--{n}" for n, (section, _) in SECTION_KEYS.items()
+        if section == "megatron_lm_config" and not BY_NAME[n].is_default(given.get(n))
+    ]  # fmt: skip
+    if mt_flags and not given.get("use_megatron_lm") and not megatron_from_file:
+        out.append(
+            f"{', '.join(mt_flags)}: Megatron-LM plugin settings apply only with "
+            f"--use_megatron_lm (or distributed_type: MEGATRON_LM in the config file); add it "
+            f"or drop them."
+        )
+    if given.get("use_megatron_lm") and (given.get("use_fsdp") or given.get("use_deepspeed")):
+        out.append("--use_megatron_lm and FSDP/DeepSpeed contradict: pick one engine.")
     if given.get("use_deepspeed") and (given.get("use_fsdp") or fsdp_from_file):
         out.append("--use_deepspeed and FSDP contradict: pick one engine.")
     main = given.get("main_training_function")
@@ -121,9 +134,12 @@ def with_flag_sections(config: LaunchConfig, given: Mapping[str, Any]) -> Launch
     sections = {k: dict(v) for k, v in config.handed_down.items() if isinstance(v, Mapping)}
     handed = dict(config.handed_down)
     fp8 = config.mixed_precision == "fp8"
+    megatron = given.get("use_megatron_lm") or handed.get("distributed_type") == "MEGATRON_LM"
     for name, (section, key) in SECTION_KEYS.items():
         if section == "fp8_config" and not fp8:
             continue  # fp8 flags at their defaults ask nothing of other precisions
+        if section == "megatron_lm_config" and not megatron:
+            continue  # the plugin's flags ask nothing without --use_megatron_lm
         value = given.get(name)
         if value is None and section == "fp8_config":
             value = None if key in sections.get(section, {}) else effective(name, given)
@@ -140,7 +156,10 @@ def with_flag_sections(config: LaunchConfig, given: Mapping[str, Any]) -> Launch
         )
     if given.get("use_deepspeed"):
         handed["distributed_type"] = "DEEPSPEED"
-    sections_out = ("dynamo_config", "fp8_config", "fsdp_config", "deepspeed_config")
+    if given.get("use_megatron_lm"):
+        handed["distributed_type"] = "MEGATRON_LM"
+    sections_out = ("dynamo_config", "fp8_config", "fsdp_config", "deepspeed_config",
+                    "megatron_lm_config")  # fmt: skip
     for section in (*sections_out, "parallelism_config"):
         if sections.get(section):
             handed[section] = typed_section(section, sections[section])
@@ -152,7 +171,7 @@ def check_launch(config: LaunchConfig, given: Mapping[str, Any], file: ConfigFil
     kind = config.handed_down.get("distributed_type")
     problems = flag_refusals(
         given, config.mixed_precision, fsdp_from_file=kind == "FSDP",
-        deepspeed_from_file=kind == "DEEPSPEED",
+        deepspeed_from_file=kind == "DEEPSPEED", megatron_from_file=kind == "MEGATRON_LM",
     )  # fmt: skip
     problems += [] if file is None else list(file.refused)
     if given.get("no_python") and given.get("module"):
@@ -168,8 +187,11 @@ _INTS = {
     "fsdp_version", "fsdp_min_num_params", "zero_stage", "gradient_accumulation_steps",
     "margin", "interval", "amax_history_length",
     *(k for k in SECTION_KEYS if k.startswith("parallelism_config_") and k.endswith("_size")),
+    "megatron_lm_tp_degree", "megatron_lm_pp_degree", "megatron_lm_num_micro_batches",
+    "megatron_lm_context_parallel_size",
 }  # fmt: skip
-_FLOATS = {"gradient_clipping"}
+_FLOATS = {"gradient_clipping", "megatron_lm_gradient_clipping", "megatron_lm_attention_dropout",
+           "megatron_lm_hidden_dropout"}  # fmt: skip
 _BOOLS = {
     "fsdp_offload_params", "fsdp_forward_prefetch", "fsdp_use_orig_params",
     "fsdp_cpu_ram_efficient_loading", "fsdp_sync_module_states",

@@ -33,7 +33,7 @@ DISTRIBUTED_TYPES = (
     "MEGATRON_LM",
 )
 # The distributed types that name a strategy rather than a topology: handed to the workers.
-STRATEGY_TYPES = ("DEEPSPEED", "FSDP")
+STRATEGY_TYPES = ("DEEPSPEED", "FSDP", "MEGATRON_LM")
 
 COMPUTE_ENVIRONMENTS = ("LOCAL_MACHINE", "AMAZON_SAGEMAKER")
 
@@ -127,6 +127,22 @@ _PARALLELISM_KEYS = tuple(
         "sp_attn_implementation",
     )
 )
+# accelerate's megatron_lm_config keys (the MegatronLMPlugin fields, prefixed).
+_MEGATRON_KEYS = tuple(
+    "megatron_lm_" + k
+    for k in (
+        "tp_degree", "pp_degree", "num_micro_batches", "gradient_clipping",
+        "sequence_parallelism", "recompute_activations", "use_distributed_optimizer",
+        "use_custom_fsdp", "no_load_optim", "eod_mask_loss", "overlap_cpu_optimizer_d2h_h2d",
+        "no_save_optim", "optimizer_cpu_offload", "use_precision_aware_optimizer",
+        "decoder_last_pipeline_num_layers", "recompute_granularity", "recompute_method",
+        "recompute_num_layers", "attention_backend", "expert_model_parallel_size",
+        "context_parallel_size", "attention_dropout", "hidden_dropout",
+        "attention_softmax_in_fp32", "expert_tensor_parallel_size", "calculate_per_token_loss",
+        "use_rotary_position_embeddings", "pipeline_model_parallel_split_rank",
+        "num_layers_per_virtual_pipeline_stage",
+    )
+)  # fmt: skip
 _DYNAMO_KEYS = tuple(
     "dynamo_" + k
     for k in ("backend", "mode", "use_fullgraph", "use_dynamic", "use_regional_compilation")
@@ -137,6 +153,7 @@ HANDED_DOWN_SECTIONS: dict[str, tuple[str, ...]] = {
     "fp8_config": _FP8_KEYS,
     "parallelism_config": _PARALLELISM_KEYS,
     "dynamo_config": _DYNAMO_KEYS,
+    "megatron_lm_config": _MEGATRON_KEYS,
 }
 HANDED_DOWN_KEYS = tuple(HANDED_DOWN_SECTIONS)
 
@@ -157,18 +174,6 @@ _SAGEMAKER_KEYS = (
 # Nested sections that are not handed down: their keys are checked too, so a misspelling
 # anywhere in a file is caught (mpirun_config.mpirun_hostfile is used by the launcher).
 CHECKED_SECTIONS: dict[str, tuple[str, ...]] = {
-    "megatron_lm_config": tuple(
-        "megatron_lm_" + k
-        for k in (
-            "tp_degree",
-            "sequence_parallelism",
-            "pp_degree",
-            "num_micro_batches",
-            "recompute_activations",
-            "use_distributed_optimizer",
-            "gradient_clipping",
-        )
-    ),
     "mpirun_config": ("mpirun_hostfile", "mpirun_ccl"),
 }
 
@@ -186,10 +191,6 @@ REFUSED_KEYS: dict[str, tuple[Any, str]] = {
         "accel.notebook_launcher(function) in a notebook)",
     ),
     "downcast_bf16": (False, "it is the TPU's bf16 downcast; " + _TPU),
-    "megatron_lm_config": (
-        None,
-        "Megatron-LM is not integrated in accel (use Megatron-LM's own launcher, or DDP)",
-    ),
     "tpu_name": (None, _TPU),
     "tpu_zone": (None, _TPU),
     "tpu_use_cluster": (False, _TPU),
@@ -205,7 +206,6 @@ REFUSED_SECTIONS: dict[str, str] = {}
 # distributed_type values accel does not provide.
 REFUSED_TYPES: dict[str, str] = {
     "XLA": _TPU,
-    "MEGATRON_LM": REFUSED_KEYS["megatron_lm_config"][1],
 }
 
 # Accepted and not acted on, by accelerate's launch either.

@@ -349,8 +349,13 @@ def test_command(args: argparse.Namespace) -> int:
 
 
 def merge_weights_command(args: argparse.Namespace) -> int:
-    """`accel merge-weights`: a sharded FSDP2 model save -> safetensors (imports accel)."""
-    from accel.utils import merge_fsdp_weights
+    """`accel merge-weights`: a sharded FSDP2 model save -> one weights file (accel-parallel)."""
+    try:
+        from accel_parallel import merge_fsdp_weights
+    except ImportError as err:
+        raise SystemExit(
+            f"accel merge-weights needs accel-parallel ({err}): pip install accel-parallel"
+        ) from err
 
     out = merge_fsdp_weights(
         args.checkpoint_directory,

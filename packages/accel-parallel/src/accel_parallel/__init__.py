@@ -1,10 +1,11 @@
 """accel-parallel: training strategies that wrap a model and its optimizer.
 
 One small object per backend behind `Strategy` (single device, DDP, FSDP2, DeepSpeed ZeRO,
-and the tensor-parallel / FSDP2 mesh of a `ParallelismConfig`); `select_strategy` picks it
+and the pipeline / tensor-parallel / FSDP2 mesh of a `ParallelismConfig`); `select_strategy` picks it
 once.
 """
 
+from accel_parallel._checkpoint_files import merge_fsdp_weights
 from accel_parallel._ddp import (
     DDPCommunicationHookType,
     DDPStrategy,
@@ -30,6 +31,7 @@ from accel_parallel._io import (
     staged_writes,
     staging,
 )
+from accel_parallel._megatron import MegatronLMPlugin, megatron_settings
 from accel_parallel._mesh import MeshStrategy, mesh_local_rank
 from accel_parallel._parallelism_config import (
     ParallelismConfig,
@@ -38,6 +40,8 @@ from accel_parallel._parallelism_config import (
     TorchTensorParallelPlugin,
     resolve_parallelism_config,
 )
+from accel_parallel._pipeline import PipelinedModel, PipelineOutput, PipelineStrategy
+from accel_parallel._pipeline_plan import PP_SCHEDULES
 from accel_parallel._select import select_strategy
 from accel_parallel._single import SingleDeviceStrategy
 from accel_parallel._strategy import ProcessInfo, Strategy, no_sync_all
@@ -46,6 +50,7 @@ from accel_parallel._tp import ReplicateParallel, apply_tensor_parallel
 __version__ = "0.1.0"
 
 __all__ = [
+    "PP_SCHEDULES",
     "DDPCommunicationHookType",
     "DDPStrategy",
     "DeepSpeedPlugin",
@@ -56,8 +61,12 @@ __all__ = [
     "FSDP2Strategy",
     "FullyShardedDataParallelPlugin",
     "HfDeepSpeedConfig",
+    "MegatronLMPlugin",
     "MeshStrategy",
     "ParallelismConfig",
+    "PipelineOutput",
+    "PipelineStrategy",
+    "PipelinedModel",
     "ProcessInfo",
     "ReplicateParallel",
     "SingleDeviceStrategy",
@@ -71,6 +80,8 @@ __all__ = [
     "deferred_write",
     "fsync_dir",
     "fsync_file",
+    "megatron_settings",
+    "merge_fsdp_weights",
     "mesh_local_rank",
     "no_sync_all",
     "register_comm_hook",

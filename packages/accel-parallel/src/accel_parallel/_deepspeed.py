@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from accel_parallel._checkpoint_files import engine_tag
 from accel_parallel._deepspeed_fill import fill_auto
 from accel_parallel._deepspeed_parts import (
     cast_inputs,
@@ -401,10 +402,10 @@ class DeepSpeedStrategy(Strategy):
                 return engine
         return None
 
-    # An engine's checkpoint holds its module, optimizer and scheduler together and is
-    # written by every process. A trained engine's checkpoint goes with its optimizer's files
-    # (so it is written whichever way the model files are written); an engine without an
-    # optimizer writes it with the model files.
+    # An engine's checkpoint (its tag folder, named as accelerate names it) holds its module,
+    # optimizer and scheduler together and is written by every process. A trained engine's
+    # checkpoint goes with its optimizer's files (so it is written whichever way the model
+    # files are written); an engine without an optimizer writes it with the model files.
     def save_model_files(
         self, model: nn.Module, directory: Path, name: str, *, writer: bool,
         write_full: Callable[[dict[str, torch.Tensor], Path], None],
@@ -413,7 +414,7 @@ class DeepSpeedStrategy(Strategy):
         if engine is None:
             return super().save_model_files(model, directory, name, writer=writer, write_full=write_full)  # fmt: skip
         if not self._has_optimizer(engine):
-            engine.save_checkpoint(str(directory), tag=name, save_latest=False)
+            engine.save_checkpoint(str(directory), tag=self._tag(engine), save_latest=False)
 
     def load_model_files(
         self, model: nn.Module, directory: Path, name: str, *,
@@ -423,19 +424,27 @@ class DeepSpeedStrategy(Strategy):
         if engine is None:
             return super().load_model_files(model, directory, name, read_full=read_full, strict=strict)  # fmt: skip
         if not self._has_optimizer(engine):
-            _load_engine(engine, directory, name, optimizer=False, strict=strict)
+            _load_engine(engine, directory, self._tag(engine), optimizer=False, strict=strict)
 
     def save_optimizer_files(
         self, optimizer: torch.optim.Optimizer, directory: Path, name: str, *, writer: bool,
         model: nn.Module | None = None,
     ) -> None:  # fmt: skip
-        self._engine_of(optimizer).save_checkpoint(str(directory), tag=name, save_latest=False)
+        engine = self._engine_of(optimizer)
+        engine.save_checkpoint(str(directory), tag=self._tag(engine), save_latest=False)
 
     def load_optimizer_files(
         self, optimizer: torch.optim.Optimizer, directory: Path, name: str,
         model: nn.Module | None = None,
     ) -> None:  # fmt: skip
-        _load_engine(self._engine_of(optimizer), directory, name, optimizer=True)
+        engine = self._engine_of(optimizer)
+        _load_engine(engine, directory, self._tag(engine), optimizer=True)
+
+    def _tag(self, engine: Any) -> str:
+        """The engine's tag folder, accelerate's name for the model it trains (its index
+        among the prepared engines: pytorch_model, pytorch_model_1, ...)."""
+        index = next(i for i, e in enumerate(self._engines) if e is engine)
+        return engine_tag(index)
 
 
 def _load_engine(engine: Any, directory: Path, tag: str, *, optimizer: bool, strict: bool = True) -> None:  # fmt: skip

@@ -20,8 +20,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from accel_parallel._checkpoint_files import (
+    fsdp_model_file,
+    fsdp_model_folder,
+    fsdp_optimizer_folder,
+)
 from accel_parallel._fsdp_plugin import FullyShardedDataParallelPlugin
-from accel_parallel._io import add_job, staging
+from accel_parallel._io import add_job, save_object, staging
 from accel_parallel._strategy import ProcessInfo, Strategy
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -412,6 +417,9 @@ class FSDP2Strategy(Strategy):
     def _sharded(self) -> bool:
         return self.plugin.state_dict_type == "SHARDED_STATE_DICT"
 
+    # Files in accelerate's layout (see accel_parallel._checkpoint_files): sharded, one DCP
+    # folder per object (pytorch_model_fsdp_<i>, optimizer_<i>); full, torch files written by
+    # the main process (pytorch_model_fsdp.bin, optimizer.bin).
     def save_model_files(
         self,
         model: nn.Module,
@@ -422,13 +430,13 @@ class FSDP2Strategy(Strategy):
         write_full: Callable[[dict[str, torch.Tensor], Path], None],
     ) -> None:
         if not self._sharded():
-            return super().save_model_files(
-                model, directory, name, writer=writer, write_full=write_full
-            )
+            state = self.model_state_dict(model)
+            if writer:
+                save_object(state, directory / fsdp_model_file(name))
+            return
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-        self._dcp_save({"model": get_model_state_dict(model)}, directory / f"{name}_fsdp")
-        return None
+        self._dcp_save({"model": get_model_state_dict(model)}, directory / fsdp_model_folder(name))
 
     def load_model_files(
         self,
@@ -439,11 +447,20 @@ class FSDP2Strategy(Strategy):
         read_full: Callable[[Path], dict[str, torch.Tensor]],
         strict: bool = True,
     ) -> None:
-        folder = directory / f"{name}_fsdp"
+        folder = directory / fsdp_model_folder(name)
         if not folder.is_dir():
-            return super().load_model_files(
-                model, directory, name, read_full=_rank0_reader(read_full), strict=strict
-            )
+            full = directory / fsdp_model_file(name)
+            if not full.is_file():
+                raise FileNotFoundError(
+                    f"the checkpoint in {directory} has neither the sharded model folder "
+                    f"{folder.name} nor the full model file {full.name} (FSDP2 writes one of "
+                    f"them, by the plugin's state_dict_type)."
+                )
+            import torch.distributed as dist
+
+            state = _load_tensors(full) if dist.get_rank() == 0 else {}
+            self.load_model_state_dict(model, state, strict=strict)
+            return
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
@@ -454,7 +471,6 @@ class FSDP2Strategy(Strategy):
         state = {"model": get_model_state_dict(model)}
         dcp.load(state, checkpoint_id=folder)
         set_model_state_dict(model, state["model"], options=StateDictOptions(strict=strict))
-        return None
 
     def save_optimizer_files(
         self,
@@ -469,12 +485,10 @@ class FSDP2Strategy(Strategy):
 
         model = self._model_for(optimizer, model)
         if not self._sharded():
-            return super().save_optimizer_files(
-                optimizer, directory, name, writer=writer, model=model
-            )
+            super().save_optimizer_files(optimizer, directory, name, writer=writer, model=model)
+            return
         state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
-        self._dcp_save(state, directory / f"{name}_fsdp")
-        return None
+        self._dcp_save(state, directory / fsdp_optimizer_folder(name))
 
     def load_optimizer_files(
         self,
@@ -490,24 +504,17 @@ class FSDP2Strategy(Strategy):
         )
 
         model = self._model_for(optimizer, model)
-        folder = directory / f"{name}_fsdp"
+        folder = directory / fsdp_optimizer_folder(name)
         if not folder.is_dir():
-            return super().load_optimizer_files(optimizer, directory, name, model=model)
+            super().load_optimizer_files(optimizer, directory, name, model=model)
+            return
         state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
         dcp.load(state, checkpoint_id=folder)
         set_optimizer_state_dict(model, optimizer, state["optimizer"])
-        return None
 
 
-def _rank0_reader(read_full: Callable[[Path], dict]) -> Callable[[Path], dict]:
-    """A full checkpoint is read on rank 0 only; the other ranks receive it by broadcast."""
-
-    def read(path: Path) -> dict:
-        import torch.distributed as dist
-
-        return read_full(path) if dist.get_rank() == 0 else {}
-
-    return read
+def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def _call_policy(policy: Callable[..., bool], module: nn.Module) -> bool:

@@ -1,6 +1,8 @@
 """The parallel degrees of a run, validated once, and the one `DeviceMesh` built from them.
 
-Dimensions (accelerate's names), outermost first: ``dp_replicate`` (replicas of the whole
+Dimensions (accelerate's names), outermost first: ``pp`` (pipeline stages: the model is
+split into consecutive stages, run by a `torch.distributed.pipelining` schedule; see
+`accel_parallel._pipeline`), ``dp_replicate`` (replicas of the whole
 model: HSDP's outer dimension, or DDP), ``dp_shard`` (FSDP2 shards parameters over it),
 ``cp`` (context parallel: the sequence is split over it), ``sp`` (DeepSpeed's sequence
 parallel: carried and validated, refused for training), ``tp`` (tensor parallel: each
@@ -30,11 +32,11 @@ ENV_TP_SIZE = "PARALLELISM_CONFIG_TP_SIZE"
 ENV_CP_SIZE = "PARALLELISM_CONFIG_CP_SIZE"
 ENV_CP_COMM_STRATEGY = "PARALLELISM_CONFIG_CP_COMM_STRATEGY"
 
-MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
-_SIZES = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size")
+MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "sp", "tp")
+_SIZES = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "pp_size")
 # The fields a ParallelismConfig fills when left unset (None), with accel's defaults.
 _DEFAULTS = {"dp_replicate_size": 1, "dp_shard_size": 1, "tp_size": 1, "cp_size": 1,
-             "cp_backend": "torch", "sp_size": 1, "sp_backend": "deepspeed"}  # fmt: skip
+             "cp_backend": "torch", "sp_size": 1, "sp_backend": "deepspeed", "pp_size": 1}  # fmt: skip
 _CP_STRATEGIES = ("allgather", "alltoall")
 # Keys of the launch section (`parallelism_config:` in an accelerate config file, or the
 # --parallelism_config_* flags) that ask for something accel does not provide.
@@ -113,6 +115,14 @@ class ParallelismConfig:
     positional arguments mean what they mean there. ``sp_size`` / ``sp_backend`` /
     ``sp_handler`` (DeepSpeed's sequence parallel) are validated and carried; `resolved`
     refuses ``sp_size > 1``, which accel does not train with.
+
+    Pipeline parallel (accel's addition, after accelerate's fields): ``pp_size`` stages of
+    the model on as many ranks; ``pp_schedule`` one of torch's schedules (`PP_SCHEDULES`,
+    default ``"1F1B"``); ``pp_microbatches`` how many micro-batches one batch is split into
+    (default ``pp_size``); ``pp_virtual_stages`` the stages each rank
+    holds (default 1, 2 for the interleaved, zero-bubble and V schedules); ``pp_plan`` how
+    the model is cut (see `accel_parallel._pipeline_plan`; transformers decoder models need
+    none); ``pp_loss_fn(output, labels) -> loss`` for a model without a built-in loss.
     """
 
     dp_replicate_size: int | None = None
@@ -126,6 +136,12 @@ class ParallelismConfig:
     cp_handler: TorchContextParallelConfig | None = None
     sp_handler: DeepSpeedSequenceParallelConfig | None = None
     tp_plan: Mapping[str, Any] | None = None
+    pp_size: int | None = None
+    pp_schedule: str | None = None
+    pp_microbatches: int | None = None
+    pp_virtual_stages: int | None = None
+    pp_plan: Any = None
+    pp_loss_fn: Any = None
 
     def _default(self, name: str) -> Any:
         """The value of a field left unset (None); accel's familiar-path subclass reads
@@ -155,7 +171,10 @@ class ParallelismConfig:
                     f"{accepted!r}."
                 )
         for size, field in (("tp_size", "tp_handler"), ("tp_size", "tp_plan"),
-                            ("cp_size", "cp_handler"), ("sp_size", "sp_handler")):  # fmt: skip
+                            ("cp_size", "cp_handler"), ("sp_size", "sp_handler"),
+                            ("pp_size", "pp_plan"), ("pp_size", "pp_schedule"),
+                            ("pp_size", "pp_microbatches"),
+                            ("pp_size", "pp_virtual_stages")):  # fmt: skip
             if getattr(self, field) is not None and getattr(self, size) == 1:
                 raise ValueError(
                     f"ParallelismConfig({field}=...) with {size}=1: it would do nothing. Set "
@@ -176,16 +195,20 @@ class ParallelismConfig:
                 f"ParallelismConfig(cp_size={self.cp_size}, sp_size={self.sp_size}): context "
                 f"parallel and sequence parallel split the same sequence; set one of them to 1."
             )
+        if self.pp_size > 1:
+            from accel_parallel._pipeline_plan import check_pipeline_options
+
+            check_pipeline_options(self)
         if (
-            (self.tp_size > 1 or self.cp_size > 1)
+            (self.tp_size > 1 or self.cp_size > 1 or self.pp_size > 1)
             and self.dp_replicate_enabled
             and not self.dp_shard_enabled
         ):
             raise ValueError(
                 f"ParallelismConfig(dp_replicate_size={self.dp_replicate_size}, "
-                f"dp_shard_size=1, tp_size={self.tp_size}, cp_size={self.cp_size}): "
-                f"tensor/context parallel composes with FSDP2 over the data-parallel "
-                f"ranks, not with pure replication. Use dp_shard_size="
+                f"dp_shard_size=1, tp_size={self.tp_size}, cp_size={self.cp_size}, "
+                f"pp_size={self.pp_size}): tensor/context/pipeline parallel composes with "
+                f"FSDP2 over the data-parallel ranks, not with pure replication. Use dp_shard_size="
                 f"{self.dp_replicate_size} (same training, sharded) or add dp_shard_size>1 "
                 f"for HSDP."
             )
@@ -197,10 +220,13 @@ class ParallelismConfig:
     dp_shard_enabled = property(lambda self: self.dp_shard_size > 1)
     tp_enabled = property(lambda self: self.tp_size > 1)
     cp_enabled = property(lambda self: self.cp_size > 1)
+    pp_enabled = property(lambda self: self.pp_size > 1)
     sp_enabled = property(lambda self: self.sp_size > 1)
     total_size = property(lambda self: self.data_parallel_size * self.non_data_parallel_size)
     data_parallel_size = property(lambda self: self.dp_replicate_size * self.dp_shard_size)
-    non_data_parallel_size = property(lambda self: self.tp_size * self.cp_size * self.sp_size)
+    non_data_parallel_size = property(
+        lambda self: self.tp_size * self.cp_size * self.sp_size * self.pp_size
+    )
 
     def _enabled(self, *dims: str) -> list[str]:
         return [d for d in dims if getattr(self, f"{d}_size") > 1]
@@ -213,7 +239,7 @@ class ParallelismConfig:
     @property
     def non_dp_dim_names(self) -> list[str]:
         """Enabled dimensions whose ranks see the same batch."""
-        return self._enabled("tp", "cp", "sp")
+        return self._enabled("pp", "tp", "cp", "sp")
 
     @property
     def dp_shard_cp_dim_names(self) -> list[str]:
@@ -258,10 +284,10 @@ class ParallelismConfig:
             return dataclasses.replace(self, dp_replicate_size=world_size)
         if self.total_size != world_size:
             raise ValueError(
-                f"ParallelismConfig: dp_replicate_size x dp_shard_size x tp_size x cp_size = "
-                f"{self.dp_replicate_size} x {self.dp_shard_size} x {self.tp_size} x "
-                f"{self.cp_size} = {self.total_size}, but the run has {world_size} processes. "
-                f"Pick sizes whose product is {world_size}, or launch {self.total_size} processes."
+                f"ParallelismConfig: pp_size x dp_replicate_size x dp_shard_size x tp_size x "
+                f"cp_size = {self.pp_size} x {self.dp_replicate_size} x {self.dp_shard_size} x "
+                f"{self.tp_size} x {self.cp_size} = {self.total_size}, but the run has "
+                f"{world_size} processes. Pick sizes whose product is {world_size}, or launch {self.total_size} processes."
             )
         return self
 

@@ -32,7 +32,9 @@ def select_strategy(
     `fsdp_config` section, `distributed_type: DEEPSPEED` with its `deepspeed_config`); else DDP with several processes and a single device with one.
     `mixed_precision` is the run's mode (FSDP2 derives its parameter dtype from it).
     A `parallelism_config` that shards, splits tensors or contexts gives the mesh strategy
-    (FSDP2 with the fsdp plugin's settings, over its data-parallel dimensions).
+    (FSDP2 with the fsdp plugin's settings, over its data-parallel dimensions); one with
+    ``pp_size > 1`` the pipeline strategy (stages over ``pp``; tensor parallel and FSDP2
+    inside each stage).
     """
     if options:
         raise TypeError(f"select_strategy got unknown options {sorted(options)}.")
@@ -96,7 +98,8 @@ def _mesh_strategy(
 ) -> Strategy | None:
     """The mesh strategy when `config` asks for more than replicas (those are DDP's)."""
     config = config.resolved(info.num_processes)
-    if not (config.dp_shard_enabled or config.tp_enabled or config.cp_enabled):
+    split = (config.dp_shard_enabled, config.tp_enabled, config.cp_enabled, config.pp_enabled)
+    if not any(split):
         return None
     if name not in ("fsdp", "ddp"):
         raise ValueError(
@@ -111,4 +114,8 @@ def _mesh_strategy(
         fsdp_plugin = FullyShardedDataParallelPlugin.from_launch_config(
             launch.get("fsdp_config") or {}
         )
+    if config.pp_enabled:
+        from accel_parallel._pipeline import PipelineStrategy
+
+        return PipelineStrategy(info, config, fsdp_plugin, mixed_precision=mixed_precision)
     return MeshStrategy(info, config, fsdp_plugin, mixed_precision=mixed_precision)

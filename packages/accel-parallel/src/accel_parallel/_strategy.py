@@ -50,6 +50,7 @@ class Strategy:
     sharded = False  # parameters are sharded: fp16 needs a scaler that agrees across ranks
     reshardable = False  # its checkpoints load on a different number of processes
     engine_precision: str | None = None  # the engine casts and scales itself in this mode
+    clip_norm: float | None = None  # clip to this global norm at each optimizer step
 
     def __init__(self, info: ProcessInfo) -> None:
         self.info = info
@@ -176,8 +177,14 @@ class Strategy:
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, precision: Any) -> bool:
         """Step `optimizer` through the precision object (which unscales and skips the step on
-        an fp16 overflow); False when the step was skipped. Engines that own the step
-        override it."""
+        an fp16 overflow); False when the step was skipped. With `clip_norm` set (Megatron's
+        ``gradient_clipping``), gradients are clipped to that global norm first. Engines
+        that own the step override it."""
+        if self.clip_norm:
+            if id(optimizer) not in getattr(precision, "_unscaled", ()):  # not yet this step
+                precision.unscale_(optimizer)
+            params = [p for g in optimizer.param_groups for p in g["params"]]
+            self.clip_grad_norm_(params, self.clip_norm)
         return precision.step(optimizer)
 
     def zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool = True) -> None:
@@ -245,7 +252,8 @@ class Strategy:
 
         This strategy gathers the full state dict and `write_full` (the caller's format:
         safetensors or torch) writes it on the writing process; a sharded strategy writes one
-        shard per process instead.
+        shard per process instead. The names are the user's module's (no ``module.`` of a
+        DDP wrapper), as accelerate writes them.
         """
         state = self.model_state_dict(model)
         if writer:
@@ -260,7 +268,12 @@ class Strategy:
         read_full: Callable[[Path], dict[str, torch.Tensor]],
         strict: bool = True,
     ) -> None:
-        self.load_model_state_dict(model, read_full(directory / name), strict=strict)
+        if (directory / f"{name}_fsdp").is_dir():  # sharded by name (a pipeline run's): DCP
+            from accel_parallel._pipeline_state import load_sharded_model
+
+            return load_sharded_model(self.unwrap_model(model), directory / f"{name}_fsdp")
+        state = strip_wrapper_prefixes(read_full(directory / name), self.unwrap_model(model))
+        self.load_model_state_dict(model, state, strict=strict)
 
     def save_optimizer_files(
         self,
@@ -283,10 +296,34 @@ class Strategy:
         model: nn.Module | None = None,
     ) -> None:
         path = directory / f"{name}.bin"
+        if not path.exists() and model is not None and (directory / f"{name}_fsdp").is_dir():
+            from accel_parallel._pipeline_state import load_flat_optimizer
+
+            return load_flat_optimizer(
+                self.unwrap_model(model), optimizer, directory / f"{name}_fsdp"
+            )
         if not path.exists():
             raise FileNotFoundError(f"the checkpoint in {directory} has no {path.name}")
         state = torch.load(path, map_location="cpu", weights_only=True)
         self.load_optimizer_state_dict(optimizer, state, model)
+
+
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+
+
+def strip_wrapper_prefixes(
+    state: dict[str, torch.Tensor], module: nn.Module
+) -> dict[str, torch.Tensor]:
+    """`state` with wrapper prefixes removed from the names that `module` does not have (a
+    checkpoint saved from the state dict of a wrapped model loads into the bare one)."""
+    expected = set(module.state_dict())
+    out = {}
+    for name, value in state.items():
+        key = name
+        while key not in expected and key.startswith(_WRAPPER_PREFIXES):
+            key = key.split(".", 1)[1]
+        out[key] = value
+    return out
 
 
 @contextlib.contextmanager

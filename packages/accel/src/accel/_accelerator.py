@@ -35,6 +35,7 @@ from accel_data import DataLoaderConfiguration, prepare_data_loader, skip_first_
 from accel_parallel import (
     ProcessInfo,
     TorchTensorParallelPlugin,
+    megatron_settings,
     no_sync_all,
     resolve_parallelism_config,
     select_strategy,
@@ -88,6 +89,7 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
         torch_tp_plugin: TorchTensorParallelPlugin | None = None,
         parallelism_config: Any = None,
         deepspeed_plugins: Any = None,
+        megatron_lm_plugin: Any = None,
     ) -> None:
         handlers = sort_kwargs_handlers(kwargs_handlers)
         self.state = AcceleratorState(
@@ -117,6 +119,14 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
         # The parallel degrees (code, else `accel launch`, else accelerate's variables).
         if parallelism_config is None and torch_tp_plugin is not None:
             parallelism_config = torch_tp_plugin.to_parallelism_config(self.num_processes)
+        # A MegatronLMPlugin (or --use_megatron_lm) is translated into the same config.
+        parallelism_config, fsdp_plugin, clip_norm = megatron_settings(
+            megatron_lm_plugin,
+            launched,
+            world_size=self.num_processes,
+            parallelism_config=parallelism_config,
+            fsdp_plugin=fsdp_plugin,
+        )
         self.parallelism_config = resolve_parallelism_config(
             parallelism_config,
             world_size=self.num_processes,
@@ -134,6 +144,7 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
             mixed_precision=mode,
             parallelism_config=self.parallelism_config,
         )
+        self.strategy.clip_norm = clip_norm
         if self.strategy.engine_precision is not None:
             mode = "no"  # the engine casts the model and scales the loss itself
         self.precision = make_precision(

@@ -1,9 +1,10 @@
 """save_state / load_state: exact resume, atomic checkpoints; save_model: sharded weights.
 
-A checkpoint is a folder written in a hidden temporary folder beside its final place, every
-file fsynced, then completed by a marker file (``accel_checkpoint.json``, written last) and
-renamed into place. A crash at any moment leaves either the previous checkpoints untouched or
-a temporary folder that `load_state()` ignores, saying so.
+A checkpoint is a folder in accelerate's layout (see accel._checkpoint_layout), so that either
+library resumes the other's. It is written in a hidden temporary folder, every file fsynced,
+then completed by a marker file (``accel_checkpoint.json``, written last) and renamed into
+place. A crash at any moment leaves either the previous checkpoints untouched or a temporary
+folder that `load_state()` ignores, saying so (and that accelerate never sees).
 
 What is saved: each model's weights and each optimizer's state (through the strategy), each
 scheduler, the precision scaler, registered objects; and per process: every RNG (python,
@@ -14,9 +15,9 @@ micro-step and, in the middle of an accumulation, the gradients accumulated so f
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
-import random
 import re
 import shutil
 import threading
@@ -29,60 +30,29 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from accel._as_accelerate import is_used_as_accelerate
+from accel._checkpoint_layout import (
+    CHECKPOINT_RE,
+    FORMAT_VERSION,
+    MARKER,
+    complete_checkpoints,
+    indexed,
+    load_file,
+    load_rng_file,
+    process_file,
+    rng_file,
+    rng_state,
+    saved_processes,
+    set_rng_state,
+    staging_path,
+)
 from accel._io import read_weights, weights_writer
 from accel._reshard import continue_data_position
 from accel_parallel import deferred_fsync, fsync_dir, fsync_file, save_object, staged_writes
 
-MARKER = "accel_checkpoint.json"
-FORMAT_VERSION = 1
-_CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)$")
-
-
-def _name(kind: str, index: int) -> str:
-    return kind if index == 0 else f"{kind}_{index}"
-
-
-def _rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    try:
-        import numpy as np
-
-        kind, keys, pos, has_gauss, cached = np.random.get_state()
-        state["numpy"] = (kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, cached)
-    except ImportError:
-        pass
-    acc = getattr(torch, "accelerator", None)
-    if acc is not None and acc.is_available():
-        module = torch.get_device_module(acc.current_accelerator().type)
-        state["accelerator"] = module.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    if "numpy" in state:
-        import numpy as np
-
-        kind, keys, pos, has_gauss, cached = state["numpy"]
-        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
-    if "accelerator" in state:
-        acc = torch.accelerator.current_accelerator()
-        if acc is not None:
-            torch.get_device_module(acc.type).set_rng_state_all(state["accelerator"])
-
-
-def complete_checkpoints(root: Path) -> tuple[list[Path], list[Path]]:
-    """(complete checkpoint_<n> folders sorted by n, incomplete ones) under `root`."""
-    complete, incomplete = [], []
-    if root.is_dir():
-        for entry in root.iterdir():
-            if _CHECKPOINT_RE.match(entry.name):
-                (complete if (entry / MARKER).exists() else incomplete).append(entry)
-            elif entry.name.startswith(".checkpoint_") and entry.name.endswith(".incomplete"):
-                incomplete.append(entry)
-    complete.sort(key=lambda p: int(_CHECKPOINT_RE.match(p.name).group(1)))
-    return complete, sorted(incomplete)
+_name = indexed
+_load = load_file
+_CUSTOM_RE = re.compile(r"^custom_checkpoint_\d+\.pkl$")
 
 
 class CheckpointingMixin:
@@ -170,11 +140,12 @@ class CheckpointingMixin:
             )
         else:
             target = Path(output_dir)
-        tmp = target.parent / f".{target.name}.incomplete"
+        tmp = staging_path(target, pc.automatic_checkpoint_naming)
         if self._writer():
             if tmp.exists():
                 shutil.rmtree(tmp)
             tmp.mkdir(parents=True)
+            target.parent.mkdir(parents=True, exist_ok=True)
         self.wait_for_everyone()
         meta = self._marker_meta()
         limit = pc.total_limit if pc.automatic_checkpoint_naming else None
@@ -236,14 +207,16 @@ class CheckpointingMixin:
         if writer:
             for i, sched in enumerate(self._schedulers):
                 save_object(sched.state_dict(), tmp / f"{_name('scheduler', i)}.bin")
-            save_object(self.precision.state_dict(), tmp / "scaler.pt")
+            scaler = self.precision.state_dict()
+            if scaler:
+                save_object(scaler, tmp / "scaler.pt")
             for i, obj in enumerate(self._custom_objects):
                 save_object(obj.state_dict(), tmp / f"custom_checkpoint_{i}.pkl")
-        save_object(self._process_state(), tmp / f"process_{self.process_index}.pt")
+        save_object(rng_state(self.step), tmp / rng_file(self.process_index))
+        save_object(self._process_state(), tmp / process_file(self.process_index))
 
     def _process_state(self) -> dict[str, Any]:
         state: dict[str, Any] = {
-            "rng": _rng_state(),
             "dataloaders": [dl.state_dict() for dl in self._dataloaders],
             # samples per global batch: what a resume on another number of processes needs
             "dataloader_batch_sizes": [
@@ -267,6 +240,8 @@ class CheckpointingMixin:
         return {
             "format": FORMAT_VERSION,
             "num_processes": self.num_processes,
+            "data_parallel_size": self.strategy.data_parallel_size,
+            "mesh": _mesh_dims(self.strategy),
             "models": len(self._models),
             "optimizers": len(self._optimizers),
             "schedulers": len(self._schedulers),
@@ -304,27 +279,30 @@ class CheckpointingMixin:
             source = self._newest_checkpoint()
         else:
             source = Path(input_dir)
-        self._check_checkpoint(source)
+        meta = self._check_checkpoint(source)
         models = list(self._models)
         for hook in self._load_hooks.values():
             hook(models, os.fspath(source))
         strict = load_kwargs.get("strict", True)
-        for i, model in enumerate(self._models):
-            if any(model is m for m in models):
-                self.strategy.load_model_files(
-                    model, source, _name("model", i), read_full=read_weights, strict=strict
-                )
-        for i, opt in enumerate(self._optimizers):
-            self.strategy.load_optimizer_files(
-                opt.optimizer, source, _name("optimizer", i), model=self._model_of(opt.optimizer)
-            )
+        with _naming_differences(source, meta, self.strategy):
+            for i, model in enumerate(self._models):
+                if any(model is m for m in models):
+                    self.strategy.load_model_files(
+                        model, source, _name("model", i), read_full=read_weights, strict=strict
+                    )
+            for i, opt in enumerate(self._optimizers):
+                self.strategy.load_optimizer_files(
+                    opt.optimizer, source, _name("optimizer", i),
+                    model=self._model_of(opt.optimizer),
+                )  # fmt: skip
         for i, sched in enumerate(self._schedulers):
             sched.load_state_dict(_load(source / f"{_name('scheduler', i)}.bin"))
-        self.precision.load_state_dict(_load(source / "scaler.pt"))
+        if (source / "scaler.pt").exists():
+            self.precision.load_state_dict(_load(source / "scaler.pt"))
         for i, obj in enumerate(self._custom_objects):
             obj.load_state_dict(_load(source / f"custom_checkpoint_{i}.pkl", trusted=True))
-        self._load_process_state(source, json.loads((source / MARKER).read_text()))
-        match = _CHECKPOINT_RE.match(source.name)
+        self._load_process_state(source, meta)
+        match = CHECKPOINT_RE.match(source.name)
         if self.project_configuration.automatic_checkpoint_naming and match:
             self.project_configuration.iteration = int(match.group(1)) + 1
         return os.fspath(source)
@@ -346,16 +324,22 @@ class CheckpointingMixin:
             return None
         return self.load_state(**load_kwargs)
 
-    def _check_checkpoint(self, source: Path) -> None:
+    def _check_checkpoint(self, source: Path) -> dict[str, Any] | None:
+        """accel's marker (None for a folder accelerate wrote), after checking that the
+        checkpoint is complete and holds what this run prepared."""
         marker = source / MARKER
         if not marker.exists():
+            if (source / rng_file(0)).exists():  # written by accelerate: complete when its
+                self._check_accelerate_checkpoint(source)  # last file is there
+                return None
             raise FileNotFoundError(
-                f"{source} is not a complete accel checkpoint (no {MARKER}): the folder does not "
-                f"exist, or a save into it was interrupted. Pass a complete checkpoint."
+                f"{source} is not a complete checkpoint (neither accel's {MARKER} nor "
+                f"accelerate's {rng_file(0)} is there): the folder does not exist, or a save "
+                f"into it was interrupted. Pass a complete checkpoint."
             )
         meta = json.loads(marker.read_text())
         expected = {
-            # a sharded checkpoint (DCP) loads on another number of processes
+            # a checkpoint of full states or DCP shards loads on another number of processes
             "num_processes": meta.get("num_processes")
             if self.strategy.reshardable
             else self.num_processes,
@@ -373,33 +357,80 @@ class CheckpointingMixin:
                 f"objects (and register the same ones) as the run that saved it, on as many "
                 f"processes."
             )
+        return meta
 
-    def _load_process_state(self, source: Path, meta: dict[str, Any]) -> None:
-        saved_world = int(meta.get("num_processes", self.num_processes))
-        same_world = saved_world == self.num_processes
+    def _check_accelerate_checkpoint(self, source: Path) -> None:
+        customs = [f.name for f in source.iterdir() if _CUSTOM_RE.match(f.name)]
+        if len(customs) != len(self._custom_objects):
+            raise ValueError(
+                f"the checkpoint {source} holds {len(customs)} registered objects "
+                f"(custom_checkpoint_<i>.pkl), this run registered {len(self._custom_objects)}: "
+                f"register the same objects as the run that saved it."
+            )
+        saved = saved_processes(source, None)
+        if not self.strategy.reshardable and saved != self.num_processes:
+            raise ValueError(
+                f"the checkpoint {source} was saved by {saved} processes, this run has "
+                f"{self.num_processes}; under {self.strategy.name} it resumes on as many."
+            )
+
+    def _load_process_state(self, source: Path, meta: dict[str, Any] | None) -> None:
+        saved_world = saved_processes(source, meta)
         # On another number of processes (see accel._reshard), each process takes the state
         # of the saved process with its index, or the last one, except for the RNG.
         existed = self.process_index < saved_world
-        state = _load(source / f"process_{min(self.process_index, saved_world - 1)}.pt")
+        rank = min(self.process_index, saved_world - 1)
+        rng = load_rng_file(source / rng_file(rank))
+        extras = source / process_file(rank)
+        if extras.exists():
+            self._load_accel_extras(source, _load(extras), meta, saved_world)
+        else:  # accelerate's checkpoint: its step counter, no data position (as accelerate)
+            step = int(rng.get("step", 0))
+            num_steps = self.gradient_state.num_steps
+            self.gradient_state.load_state_dict(
+                {"step": step % num_steps, "micro_step": step,
+                 "sync_gradients": step % num_steps == 0}
+            )  # fmt: skip
+        if existed:
+            set_rng_state(rng)
+        else:
+            warnings.warn(
+                f"load_state: process {self.process_index} did not exist in the run that saved "
+                f"{source} ({saved_world} processes), so it keeps its own random state.",
+                stacklevel=3,
+            )
+
+    def _load_accel_extras(
+        self, source: Path, state: dict[str, Any], meta: dict[str, Any] | None, saved_world: int
+    ) -> None:
+        """Data positions, accumulation state and accumulated gradients (accel's extras)."""
+        saved_dp = int((meta or {}).get("data_parallel_size") or saved_world)
+        now_dp = self.strategy.data_parallel_size
+        same_world = saved_world == self.num_processes
         notes = []
         sizes = state.get("dataloader_batch_sizes") or [None] * len(state["dataloaders"])
+        # Run as accelerate (the switch on), a loader that is not stateful starts its epoch
+        # afresh, as accelerate's does: scripts written for it skip the batches they consumed
+        # themselves (diffusers' training examples do), and would skip them twice otherwise.
+        keep_position = not is_used_as_accelerate() or self.use_stateful_dataloader
         for dl, dl_state, saved_total in zip(self._dataloaders, state["dataloaders"], sizes):
-            if not same_world:
+            if saved_dp != now_dp:
                 now_total = getattr(dl, "total_batch_size", None)
                 try:
                     dl_state, note = continue_data_position(
-                        dl_state, saved_total, now_total, self.num_processes
+                        dl_state, saved_total, now_total, now_dp
                     )
                 except ValueError as error:
-                    msg = f"{source} was saved by {saved_world} processes: {error}"
+                    msg = f"{source} was saved by {saved_dp} data-parallel ranks: {error}"
                     raise ValueError(msg) from None
                 notes += [note] if note else []
-            dl.load_state_dict(dl_state)
+            if keep_position:
+                dl.load_state_dict(dl_state)
         if notes and self.is_main_process:
             warnings.warn(
-                f"load_state: {source} was saved by {saved_world} processes, this run has "
-                f"{self.num_processes}; the data position is approximate: " + "; ".join(notes),
-                stacklevel=3,
+                f"load_state: {source} was saved by {saved_dp} data-parallel ranks, this run has "
+                f"{now_dp}; the data position is approximate: " + "; ".join(notes),
+                stacklevel=4,
             )
         self.gradient_state.load_state_dict(state["gradient_state"])
         for model, grads in zip(self._models, state.get("gradients", [])):
@@ -410,14 +441,6 @@ class CheckpointingMixin:
                     f"(this run has {self.num_processes}). Save at an accumulation boundary."
                 )
             self.strategy.load_gradients_state(model, grads)
-        if existed:
-            _set_rng_state(state["rng"])
-        else:
-            warnings.warn(
-                f"load_state: process {self.process_index} did not exist in the run that saved "
-                f"{source} ({saved_world} processes), so it keeps its own random state.",
-                stacklevel=3,
-            )
 
     # -- model export ------------------------------------------------------------------------
     def save_model(
@@ -441,6 +464,37 @@ class CheckpointingMixin:
         self.wait_for_everyone()
 
 
+def _mesh_dims(strategy: Any) -> dict[str, int] | None:
+    """{dimension: size} of the strategy's device mesh (None without one)."""
+    mesh = getattr(strategy, "device_mesh", None)
+    names = getattr(mesh, "mesh_dim_names", None)
+    if mesh is None or names is None:
+        return None
+    return {name: int(size) for name, size in zip(names, mesh.mesh.shape)}
+
+
+@contextlib.contextmanager
+def _naming_differences(source: Path, meta: dict[str, Any] | None, strategy: Any) -> Any:
+    """Loading weights saved on another mesh: when the placements do not allow it, the error
+    names the dimensions that differ (what the user changes to resume)."""
+    saved, now = (meta or {}).get("mesh"), _mesh_dims(strategy)
+    try:
+        yield
+    except Exception as err:
+        if not saved or saved == now:
+            raise
+        differ = ", ".join(
+            f"{dim}: saved {saved.get(dim, 1)}, now {(now or {}).get(dim, 1)}"
+            for dim in sorted(set(saved) | set(now or {}))
+            if saved.get(dim, 1) != (now or {}).get(dim, 1)
+        )
+        raise RuntimeError(
+            f"the checkpoint {source} was saved on another device mesh ({differ}) and its "
+            f"weights do not load onto this one ({err}). Resume with the saved sizes of the "
+            f"dimensions other than data parallel."
+        ) from err
+
+
 def _finalize(
     tmp: Path, target: Path, meta: dict[str, Any], limit: int | None, fsync: bool
 ) -> None:
@@ -452,7 +506,7 @@ def _finalize(
         marker.write_text(json.dumps(meta, indent=1))
         fsync_file(marker)
         fsync_dir(tmp)
-    trash = target.parent / f".{target.name}.old"
+    trash = tmp.parent / f".{target.name}.old"
     if target.exists():
         target.rename(trash)
     tmp.rename(target)
@@ -519,19 +573,3 @@ class _AsyncSave:
                 f"the asynchronous save_state into {self.target} failed ({self.error!r}); the "
                 f"previous checkpoint is still the newest complete one."
             ) from self.error
-
-
-def _load(path: Path, trusted: bool = False) -> Any:
-    if not path.exists():
-        raise FileNotFoundError(f"the checkpoint is missing {path.name} (in {path.parent})")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:
-        if not trusted:
-            raise
-        warnings.warn(
-            f"{path.name} holds objects beyond tensors and plain values; loading it with full "
-            f"unpickling (only load checkpoints you trust).",
-            stacklevel=3,
-        )
-        return torch.load(path, map_location="cpu", weights_only=False)

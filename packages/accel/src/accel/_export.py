@@ -10,7 +10,7 @@ import torch
 
 from accel._io import dedupe_shared, save_state_dict
 from accel_bigmodel import convert_file_size_to_int
-from accel_parallel import fsync_dir, fsync_file
+from accel_parallel import fsync_dir, fsync_file, merge_fsdp_weights
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -77,50 +77,4 @@ def save_sharded(
     fsync_dir(directory.parent)
 
 
-def merge_fsdp_weights(
-    checkpoint_dir: str | Path,
-    output_path: str | Path,
-    safe_serialization: bool = True,
-    remove_checkpoint_dir: bool = False,
-) -> Path:
-    """Turn a sharded FSDP2 model save into plain weights, in one process (no process group).
-
-    `checkpoint_dir` is the model's sharded folder that `save_state` wrote (`model_fsdp`,
-    `model_1_fsdp`, ...), or the checkpoint folder holding exactly one of them. The weights are
-    written to the folder `output_path` as model.safetensors (or shards with an index json;
-    pytorch_model.bin with `safe_serialization=False`), which `load_checkpoint_and_dispatch` and
-    plain safetensors read. Returns the folder written.
-    """
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
-    source = Path(checkpoint_dir)
-    if not (source / ".metadata").is_file():
-        found = sorted(p for p in source.glob("*_fsdp") if (p / ".metadata").is_file())
-        found = [p for p in found if p.name.startswith("model")]
-        if len(found) != 1:
-            names = [p.name for p in found] or "none"
-            raise FileNotFoundError(
-                f"merge_fsdp_weights: {source} is not a sharded model folder (no .metadata), and "
-                f"it holds {names} sharded model folders; pass one of them (e.g. "
-                f"{source}/model_fsdp)."
-            )
-        source = found[0]
-    state: dict = {}
-    # The empty-state-dict planner reads every tensor the folder holds (as torch's own
-    # dcp_to_torch_save does), with no process group.
-    _load_state_dict(
-        state,
-        storage_reader=FileSystemReader(source),
-        planner=_EmptyStateDictLoadPlanner(),
-        no_dist=True,
-    )
-    weights = state.get("model", state)
-    if not all(isinstance(v, torch.Tensor) for v in weights.values()):
-        raise ValueError(f"merge_fsdp_weights: {source} does not hold model weights.")
-    out = Path(output_path)
-    save_sharded(weights, out, "10GB", safe_serialization)
-    if remove_checkpoint_dir:
-        shutil.rmtree(Path(checkpoint_dir))
-    return out
+__all__ = ["merge_fsdp_weights", "plan_shards", "save_sharded"]

@@ -77,23 +77,28 @@ def load_state_dict(
     return state
 
 
+def _bin_name(base: Path) -> Path:
+    """accelerate's torch-format name of a model's weights: model_1 -> pytorch_model_1.bin."""
+    return base.with_name(f"pytorch_{base.name}.bin")
+
+
 def weights_writer(safe: bool):
-    """A `write_full` for strategies: ``<base>.safetensors`` or ``<base>.bin``."""
+    """A `write_full` for strategies: ``<base>.safetensors``, or ``pytorch_<base>.bin`` (the
+    names accelerate gives them: model.safetensors, pytorch_model.bin)."""
 
     def write(state: dict[str, torch.Tensor], base: Path) -> None:
-        path = base.with_name(base.name + (".safetensors" if safe else ".bin"))
+        path = base.with_name(base.name + ".safetensors") if safe else _bin_name(base)
         deferred_write(lambda s, p: save_state_dict(s, p, safe), state, path)
 
     return write
 
 
 def read_weights(base: Path) -> dict[str, torch.Tensor]:
-    """A `read_full` for strategies: ``<base>.safetensors``, else ``<base>.bin``."""
-    for suffix in (".safetensors", ".bin"):
-        path = base.with_name(base.name + suffix)
+    """A `read_full` for strategies: ``<base>.safetensors``, else ``pytorch_<base>.bin``."""
+    for path in (base.with_name(base.name + ".safetensors"), _bin_name(base)):
         if path.exists():
             return load_state_dict(path)
     raise FileNotFoundError(
-        f"the checkpoint has no weights file {base.name}.safetensors (nor {base.name}.bin) in "
-        f"{base.parent}"
+        f"the checkpoint has no weights file {base.name}.safetensors (nor "
+        f"{_bin_name(base).name}) in {base.parent}"
     )

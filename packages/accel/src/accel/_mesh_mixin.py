@@ -51,10 +51,8 @@ class MeshMixin:
 
     @property
     def pipeline_parallel_rank(self) -> int:
-        raise NotImplementedError(
-            "ParallelismConfig has no pipeline dimension (as in accelerate); for pipeline "
-            "inference use accel.inference.prepare_pippy, whose stage is the process index."
-        )
+        """This process's pipeline stage rank (0 when pp_size is 1)."""
+        return self._mesh_rank("pp")
 
     @property
     def should_save_model(self) -> bool:

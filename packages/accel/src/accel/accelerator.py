@@ -53,7 +53,6 @@ from accel._compat._imports import (
     is_xpu_available,
 )
 from accel._compat._left_out import (
-    MegatronLMPlugin,
     MSAMPRecipeKwargs,
     apply_fp8_autowrap,
     compile_regions_deepspeed,
@@ -120,6 +119,7 @@ from accel_parallel import (
     DummyOptim,
     DummyScheduler,
     FullyShardedDataParallelPlugin,
+    MegatronLMPlugin,
     TorchTensorParallelPlugin,
 )
 from accel_parallel._deepspeed_parts import (

@@ -2,8 +2,8 @@
 
 The Trainer writes its own checkpoints; under FSDP it hands the model and optimizer files to
 these four functions. Each forwards to the prepared run's FSDP2 strategy (what `save_state`
-uses too), so the files are those of accel's FSDP2: with `state_dict_type="SHARDED_STATE_DICT"`
-one DCP folder per object (`pytorch_model_fsdp`, `optimizer_fsdp`), which loads on another
+uses too), so the files are those accelerate writes: with `state_dict_type="SHARDED_STATE_DICT"`
+one DCP folder per object (`pytorch_model_fsdp_0`, `optimizer_0`), which loads on another
 number of processes; with `FULL_STATE_DICT` one file (`pytorch_model_fsdp.bin`,
 `optimizer.bin`) written by the main process. These are the names the Trainer looks for.
 """
@@ -16,7 +16,9 @@ from typing import Any
 
 import torch
 
-MODEL_NAME = "pytorch_model"
+from accel._io import read_weights, weights_writer
+
+MODEL_NAME = "model"
 
 
 def _name(base: str, index: int) -> str:
@@ -33,14 +35,6 @@ def _strategy(accelerator: Any, what: str) -> Any:
     return strategy
 
 
-def _write_full(state: dict[str, torch.Tensor], path: Path) -> None:
-    torch.save(state, f"{path}_fsdp.bin")
-
-
-def _read_full(path: Path) -> dict[str, torch.Tensor]:
-    return torch.load(f"{path}_fsdp.bin", map_location="cpu", weights_only=True)
-
-
 def save_fsdp_model(
     fsdp_plugin: Any,
     accelerator: Any,
@@ -54,7 +48,7 @@ def save_fsdp_model(
     folder.mkdir(parents=True, exist_ok=True)
     strategy.save_model_files(
         model, folder, _name(MODEL_NAME, model_index),
-        writer=accelerator.is_main_process, write_full=_write_full,
+        writer=accelerator.is_main_process, write_full=weights_writer(False),
     )  # fmt: skip
     accelerator.wait_for_everyone()
 
@@ -69,7 +63,7 @@ def load_fsdp_model(
     """Load what `save_fsdp_model` wrote into the prepared `model` (every process calls it)."""
     strategy = _strategy(accelerator, "load_fsdp_model")
     strategy.load_model_files(
-        model, Path(input_dir), _name(MODEL_NAME, model_index), read_full=_read_full
+        model, Path(input_dir), _name(MODEL_NAME, model_index), read_full=read_weights
     )
 
 

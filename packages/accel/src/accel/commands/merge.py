@@ -1,10 +1,10 @@
 """Familiar path `accelerate.commands.merge`: re-exports from the packages that own the code."""
 
 from accel._compat._misc import cli_command, cli_main, cli_parser
-from accel._export import (
+from accel_cli._argparse import CustomArgumentParser
+from accel_parallel import (
     merge_fsdp_weights,
 )
-from accel_cli._argparse import CustomArgumentParser
 
 main = cli_main("merge-weights")
 

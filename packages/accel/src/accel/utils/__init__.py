@@ -128,7 +128,6 @@ from accel._compat._left_out import (
     GPTTrainStep,
     MegatronLMDummyDataLoader,
     MegatronLMDummyScheduler,
-    MegatronLMPlugin,
     MSAMPRecipeKwargs,
     PrepareForLaunch,
     SageMakerDistributedType,
@@ -243,6 +242,7 @@ from accel_parallel import (
     DummyScheduler,
     FullyShardedDataParallelPlugin,
     HfDeepSpeedConfig,
+    MegatronLMPlugin,
     TorchTensorParallelConfig,
     TorchTensorParallelPlugin,
 )

@@ -39,7 +39,6 @@ from accel._compat._imports import (
 )
 from accel._compat._left_out import (
     MODEL_CONFIGS_TO_MEGATRON_PARSERS,
-    MegatronLMPlugin,
     MSAMPRecipeKwargs,
     SageMakerDistributedType,
     add_model_config_to_megatron_parser,
@@ -62,6 +61,7 @@ from accel_parallel import (
     DeepSpeedPlugin,
     DistributedDataParallelKwargs,
     FullyShardedDataParallelPlugin,
+    MegatronLMPlugin,
     TorchTensorParallelConfig,
     TorchTensorParallelPlugin,
 )
