@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -134,6 +135,7 @@ def test_total_limit_keeps_the_newest_complete_checkpoints(tmp_path: Path) -> No
         acc.save_state()
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert names == ["checkpoint_3", "checkpoint_4"]
+    assert os.listdir(tmp_path) == ["checkpoints"]  # nothing else in the project folder
     assert (
         json.loads((tmp_path / "checkpoints/checkpoint_4/accel_checkpoint.json").read_text())[
             "models"

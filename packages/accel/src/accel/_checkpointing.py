@@ -35,6 +35,7 @@ from accel._checkpoint_layout import (
     CHECKPOINT_RE,
     FORMAT_VERSION,
     MARKER,
+    STAGING,
     complete_checkpoints,
     indexed,
     load_file,
@@ -513,6 +514,9 @@ def _finalize(
     fsync_dir(target.parent)
     if trash.exists():
         shutil.rmtree(trash)
+    if tmp.parent.name == STAGING:  # leave the project folder as accelerate's: checkpoints/
+        with contextlib.suppress(OSError):  # not empty: another save is being written
+            tmp.parent.rmdir()
     if limit is not None:
         complete, _ = complete_checkpoints(target.parent)
         for old in complete[: max(len(complete) - limit, 0)]:
