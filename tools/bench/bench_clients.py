@@ -2,7 +2,7 @@
 
     uv run --group bench python tools/bench/bench_clients.py [--rounds 5] [--steps 60]
 
-Needs transformers and the real accelerate (the `bench` group installs it). Every measurement
+Needs transformers, diffusers and the real accelerate (the `bench` group installs it). Every measurement
 runs in a fresh process, accel and accelerate alternating round by round, on the same machine:
 
   trainer  `Trainer.train()` of a tiny Llama (hidden 32, 2 layers) on 1 CPU process: the
@@ -11,6 +11,9 @@ runs in a fresh process, accel and accelerate alternating round by round, on the
   load     `from_pretrained(dir, device_map="auto", max_memory={"cpu": ...},
            offload_folder=...)` of a ~130 MB Llama (hidden 512, 8 layers) with about half
            of it spilled to disk: the load time, then the first forward of 32 tokens.
+  offload  a diffusers StableDiffusionPipeline's UNet (about 10 MB) after
+           `enable_sequential_cpu_offload(device="cpu")` (accelerate's `cpu_offload`): the
+           median time of a denoising step (one UNet call) over 17 steps after 3 warm-up ones.
 
 Prints a markdown table: the median and the best round of each, and accel / accelerate for
 both (on a shared machine the best round is the steadier figure).
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -99,6 +103,47 @@ def case_load(impl: str, folder: str, max_memory: str) -> dict[str, float]:
     return {"load_s": loaded - start, "first_forward_s": forward - loaded}
 
 
+def case_offload(impl: str, steps: int) -> dict[str, float]:
+    """A diffusers UNet (about 10 MB) under `enable_sequential_cpu_offload(device="cpu")`:
+    the median time of one denoising step (a UNet call), every weight streamed in per call."""
+    _switch(impl)
+    import torch
+    from diffusers import StableDiffusionPipeline, UNet2DConditionModel
+
+    answered_by_accel = "+accel" in sys.modules["accelerate"].__version__
+    assert answered_by_accel == (impl == "accel"), sys.modules["accelerate"].__version__
+    torch.manual_seed(0)
+    unet = UNet2DConditionModel(
+        sample_size=16, in_channels=4, out_channels=4, layers_per_block=2,
+        block_out_channels=(64, 128), norm_num_groups=32, cross_attention_dim=64,
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+    )  # fmt: skip
+    pipe = StableDiffusionPipeline(
+        unet=unet, vae=None, text_encoder=None, tokenizer=None, scheduler=None,
+        safety_checker=None, feature_extractor=None, requires_safety_checker=False,
+    )  # fmt: skip
+    latents, text = torch.randn(1, 4, 16, 16), torch.randn(1, 8, 64)
+
+    def step_ms() -> float:
+        times = []
+        with torch.no_grad():
+            for _ in range(steps):
+                start = time.perf_counter()
+                pipe.unet(latents, 10, encoder_hidden_states=text)
+                times.append(time.perf_counter() - start)
+        return 1000 * statistics.median(times[3:])
+
+    plain = step_ms()
+    pipe.enable_sequential_cpu_offload(device="cpu")
+    try:
+        offloaded = step_ms()
+    except Exception as error:  # accelerate 1.15 raises here on CPU (see the README)
+        print(f"{impl}: {type(error).__name__}: {str(error)[:200]}", file=sys.stderr)
+        offloaded = float("nan")
+    return {"plain_step_ms": plain, "offload_step_ms": offloaded}
+
+
 def _run(*args: str) -> dict[str, float]:
     proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True)
     if proc.returncode != 0:
@@ -107,6 +152,9 @@ def _run(*args: str) -> dict[str, float]:
 
 
 def _row(name: str, accel: list[float], accelerate: list[float], unit: str) -> str:
+    if any(math.isnan(x) for x in accelerate):
+        a = statistics.median(accel)
+        return f"| {name} ({unit}) | {a:.3f} / {min(accel):.3f} | fails | - |"
     a, b = statistics.median(accel), statistics.median(accelerate)
     return (
         f"| {name} ({unit}) | {a:.3f} / {min(accel):.3f} | {b:.3f} / {min(accelerate):.3f} "
@@ -125,6 +173,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.case == "trainer":
         print(json.dumps(case_trainer(args.impl, args.steps)))
+        return
+    if args.case == "offload":
+        print(json.dumps(case_offload(args.impl, 20)))
         return
     if args.case == "load":
         print(json.dumps(case_load(args.impl, args.folder, args.max_memory)))
@@ -146,6 +197,7 @@ def main() -> None:
                     _run("--case", "trainer", "--impl", impl, "--steps", str(args.steps)),
                     _run("--case", "load", "--impl", impl, "--folder", folder,
                          "--max-memory", args.max_memory),
+                    _run("--case", "offload", "--impl", impl),
                 ):  # fmt: skip
                     for key, value in case.items():
                         results[impl].setdefault(key, []).append(value)
@@ -155,6 +207,8 @@ def main() -> None:
         ("step_ms", "Trainer step, tiny Llama, 1 process", "ms"),
         ("load_s", 'from_pretrained(device_map="auto"), disk spill', "s"),
         ("first_forward_s", "first forward after that load", "s"),
+        ("plain_step_ms", "diffusers UNet step, no offload", "ms"),
+        ("offload_step_ms", "diffusers UNet step, enable_sequential_cpu_offload", "ms"),
     ):
         print(_row(name, results["accel"][key], results["accelerate"][key], unit))
 

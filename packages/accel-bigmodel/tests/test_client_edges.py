@@ -40,3 +40,20 @@ def test_size_strings_in_the_callers_dict_become_bytes() -> None:
     asked = {"cpu": "2MB"}
     assert get_max_memory(asked) == {"cpu": 2 * 10**6}
     assert asked == {"cpu": 2 * 10**6}
+
+
+def test_an_index_into_a_safetensors_file_hands_out_the_entrys_dtype(tmp_path: Path) -> None:
+    """transformers points its disk-offload index at the checkpoint's own safetensors files,
+    with the dtype the model was loaded in (`dtype=torch.float16` over float32 files)."""
+    from safetensors.torch import save_file
+
+    from accel_bigmodel import OffloadedWeightsLoader
+
+    weight = torch.randn(3, 5)
+    path = tmp_path / "model.safetensors"
+    save_file({"w": weight}, str(path))
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        name = str(dtype).removeprefix("torch.")
+        index = {"w": {"safetensors_file": str(path), "weight_name": "w", "dtype": name}}
+        got = OffloadedWeightsLoader(index=index)["w"]
+        assert got.dtype == dtype and torch.equal(got, weight.to(dtype)), name

@@ -202,10 +202,13 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
         """(file, byte offset, dtype, shape) of the disk tensor `key`."""
         entry = self.index[key]
         dtype = _dtype_from_name(entry["dtype"])
-        if "safetensors_file" in entry:  # an index written by accelerate
+        if "safetensors_file" in entry:  # an index written by accelerate or transformers
+            # The file keeps its own dtype; the entry's dtype is the one to hand out (see
+            # __getitem__), e.g. float32 weights loaded with `dtype=torch.float16`.
             path = entry["safetensors_file"]
             found = safetensors_entries(path)[entry.get("weight_name", key)]
-            return path, found["offset"], dtype, list(found["shape"])
+            stored = _dtype_from_name(found["dtype"])
+            return path, found["offset"], stored, list(found["shape"])
         path = entry.get("file", f"{key}.dat")
         if not os.path.isabs(path):
             if self.save_folder is None:
@@ -218,6 +221,9 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
             tensor = self.state_dict[key]
         else:
             tensor = self._files.tensor(*self.location(key))
+            wanted = _dtype_from_name(self.index[key]["dtype"])
+            if tensor.dtype != wanted:
+                tensor = tensor.to(wanted)
         return tensor if self.device is None else tensor.to(self.device)
 
     def __iter__(self) -> Iterator[str]:
