@@ -58,6 +58,12 @@ def fsdp_optimizer_folder(name: str) -> str:
     return f"{OPTIMIZER_NAME}_{name_index(name)}"
 
 
+def pipeline_folder(name: str) -> str:
+    """The DCP folder of a pipeline run's model or optimizer (``model_fsdp``, ...): accelerate
+    has no pipeline checkpoints to share names with."""
+    return f"{name}_fsdp"
+
+
 def engine_tag(index: int) -> str:
     """The tag folder of DeepSpeed engine ``index``: ``pytorch_model`` / ``pytorch_model_<i>``."""
     return indexed(MODEL_BIN_NAME, index)

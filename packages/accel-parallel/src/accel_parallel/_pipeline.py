@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from accel_parallel._checkpoint_files import pipeline_folder
 from accel_parallel._fsdp import _checkpoint_blocks, _local
 from accel_parallel._mesh import MeshStrategy
 from accel_parallel._pipeline_plan import (
@@ -456,7 +457,7 @@ class PipelineStrategy(MeshStrategy):
         writer: bool,
         write_full: Callable[[dict[str, torch.Tensor], Path], None],
     ) -> None:
-        self._dcp_save({"model": self._local_state(model)}, directory / f"{name}_fsdp")
+        self._dcp_save({"model": self._local_state(model)}, directory / pipeline_folder(name))
 
     def load_model_files(
         self,
@@ -469,7 +470,7 @@ class PipelineStrategy(MeshStrategy):
     ) -> None:
         import torch.distributed.checkpoint as dcp
 
-        folder = directory / f"{name}_fsdp"
+        folder = directory / pipeline_folder(name)
         if not folder.is_dir():
             state = read_full(directory / name)
             self.load_model_state_dict(model, state, strict=strict)
@@ -488,7 +489,7 @@ class PipelineStrategy(MeshStrategy):
     ) -> None:
         inner = self.unwrap_model(self._model_for(optimizer, model))
         state = {"optimizer": optim_state(inner, optimizer)}
-        self._dcp_save(state, directory / f"{name}_fsdp")
+        self._dcp_save(state, directory / pipeline_folder(name))
 
     def load_optimizer_files(
         self,
@@ -500,7 +501,7 @@ class PipelineStrategy(MeshStrategy):
         load_flat_optimizer(
             self.unwrap_model(self._model_for(optimizer, model)),
             optimizer,
-            directory / f"{name}_fsdp",
+            directory / pipeline_folder(name),
         )
 
 

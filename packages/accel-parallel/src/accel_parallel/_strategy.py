@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from accel_parallel._checkpoint_files import pipeline_folder
 from accel_parallel._io import save_object
 
 
@@ -268,10 +269,10 @@ class Strategy:
         read_full: Callable[[Path], dict[str, torch.Tensor]],
         strict: bool = True,
     ) -> None:
-        if (directory / f"{name}_fsdp").is_dir():  # sharded by name (a pipeline run's): DCP
+        if (directory / pipeline_folder(name)).is_dir():  # sharded by name (a pipeline run's): DCP
             from accel_parallel._pipeline_state import load_sharded_model
 
-            return load_sharded_model(self.unwrap_model(model), directory / f"{name}_fsdp")
+            return load_sharded_model(self.unwrap_model(model), directory / pipeline_folder(name))
         state = strip_wrapper_prefixes(read_full(directory / name), self.unwrap_model(model))
         self.load_model_state_dict(model, state, strict=strict)
 
@@ -296,11 +297,11 @@ class Strategy:
         model: nn.Module | None = None,
     ) -> None:
         path = directory / f"{name}.bin"
-        if not path.exists() and model is not None and (directory / f"{name}_fsdp").is_dir():
+        if not path.exists() and model is not None and (directory / pipeline_folder(name)).is_dir():
             from accel_parallel._pipeline_state import load_flat_optimizer
 
             return load_flat_optimizer(
-                self.unwrap_model(model), optimizer, directory / f"{name}_fsdp"
+                self.unwrap_model(model), optimizer, directory / pipeline_folder(name)
             )
         if not path.exists():
             raise FileNotFoundError(f"the checkpoint in {directory} has no {path.name}")
