@@ -1,7 +1,7 @@
 """Checkpoint save / load time of `accel` against raw PyTorch and HuggingFace accelerate.
 
     uv run --frozen --group bench python tools/bench/bench_checkpoint.py [--size-mb MB]
-        [--width W] [--repeat R] [--threads T] [--profile accel|accelerate|raw|raw_fsync]
+        [--width W] [--repeat R] [--threads T] [--variants V,...] [--profile VARIANT]
 
 A stack of Linear(W, W) layers of about `--size-mb` MB of fp32 parameters, trained one AdamW
 step (so the optimizer holds exp_avg and exp_avg_sq: the state is ~3x the parameter bytes),
@@ -15,7 +15,15 @@ with a LinearLR scheduler, is saved and then loaded into fresh objects, four way
               Accelerator + objects: ``load_state(dir)`` (safetensors weights, every file
               fsynced, written in a temporary folder renamed into place: durable on return);
 - accelerate: the same with ``accelerate.Accelerator(cpu=True)`` (when importable); its
-              save_state does not fsync, so it compares with raw, accel with raw_fsync.
+              save_state does not fsync, so it compares with raw, accel with raw_fsync;
+- accel_async: accel's ``save_state(async_save=True)`` after one untimed asynchronous save
+              (as a loop that saves every N steps: the CPU staging buffers are reused); save
+              = until ``wait_for_checkpoint()`` returns, and the time the loop is held is
+              reported against accel's synchronous save.
+
+Then the durable-write floor: accel's checkpoint size written as N files from N threads
+(N = 1, 2, 4, 8; 16 MiB writes) and fsynced with their folder; each durable save is reported
+against the single stream and the best N.
 
 Each process builds and trains the model once and measures two variants on it, a raw one and
 an Accelerator (one Accelerator library per process: each makes its process state); the
@@ -47,8 +55,8 @@ from typing import Any
 import torch
 from torch import nn
 
-VARIANTS = ("raw", "raw_fsync", "accel", "accel_nofsync", "accelerate")
-ACCELERATORS = ("accel", "accel_nofsync", "accelerate")
+VARIANTS = ("raw", "raw_fsync", "accel", "accel_nofsync", "accel_async", "accelerate")
+ACCELERATORS = ("accel", "accel_nofsync", "accel_async", "accelerate")
 Objects = tuple[nn.Module, torch.optim.Optimizer, Any]
 RESULT_TAG = "BENCH_CHECKPOINT_RESULT "
 
@@ -211,8 +219,27 @@ class AcceleratorCase:
         self.new_acc.load_state(os.fspath(self.out))
 
 
+class AsyncCase(AcceleratorCase):
+    """accel's `save_state(async_save=True)`: the loop waits only while the state is copied to
+    CPU memory (`blocks`); the files are written by a background thread (`save` = until
+    `wait_for_checkpoint()` returns). One untimed asynchronous save first, as in a loop that
+    saves every N steps: the timed one reuses its CPU buffers."""
+
+    def save(self) -> None:
+        warm = self.out.parent / (self.out.name + "_first")
+        self.acc.save_state(os.fspath(warm), async_save=True)
+        self.acc.wait_for_checkpoint()
+        shutil.rmtree(warm)
+        gc.collect()
+        start = time.perf_counter()
+        self.acc.save_state(os.fspath(self.out), async_save=True)
+        self.blocks = time.perf_counter() - start
+        self.acc.wait_for_checkpoint()
+        self.total = time.perf_counter() - start
+
+
 def accelerator_factory(name: str) -> Callable[[], Any]:
-    if name == "accel":
+    if name in ("accel", "accel_async"):
         import accel
 
         return lambda: accel.Accelerator(cpu=True)
@@ -255,6 +282,8 @@ def measure(case: RawCase | AcceleratorCase, name: str, profile: bool) -> dict[s
     prof = _profiler(profile)
     prime_page_cache(case.out.parent / "prime", checkpoint_bytes(case.trained))
     save_s = _timed(case.save, prof)
+    if isinstance(case, AsyncCase):  # it times itself, after its untimed first save
+        save_s = case.total
     written = folder_bytes(case.out)
     expected = snapshot(*case.trained)
     loaded = case.fresh()
@@ -262,7 +291,10 @@ def measure(case: RawCase | AcceleratorCase, name: str, profile: bool) -> dict[s
     ok = matches(expected, *loaded)
     if prof is not None:
         _print_profile(prof, name)
-    return {"save": save_s, "load": load_s, "bytes": written, "ok": ok}
+    result = {"save": save_s, "load": load_s, "bytes": written, "ok": ok}
+    if isinstance(case, AsyncCase):
+        result["blocks"] = case.blocks
+    return result
 
 
 def warm_up(root: Path) -> None:
@@ -309,9 +341,8 @@ def run_child(
         out = root / name
         if name in ACCELERATORS:
             assert factory is not None
-            case: RawCase | AcceleratorCase = AcceleratorCase(
-                acc, factory, trained, width, layers, out
-            )
+            kind = AsyncCase if name == "accel_async" else AcceleratorCase
+            case: RawCase | AcceleratorCase = kind(acc, factory, trained, width, layers, out)
         else:
             case = RawCase(trained, width, layers, out, fsync=name == "raw_fsync")
         results[name] = measure(case, name, profile)
@@ -400,6 +431,58 @@ def run_all(args: argparse.Namespace, names: list[str], layers: int) -> dict[str
     return runs
 
 
+# -- the durable-write floor -------------------------------------------------------------------
+FLOOR_THREADS = (1, 2, 4, 8)
+
+
+def durable_write(root: Path, nbytes: int, threads: int) -> float:
+    """Seconds to write `nbytes` as `threads` files from as many threads (16 MiB writes from
+    one reused buffer each) and fsync them and their folder: what a durable save cannot beat."""
+    import threading
+
+    root.mkdir(parents=True, exist_ok=True)
+    prime_page_cache(root / "prime", nbytes)
+    chunk = memoryview(bytes(16 << 20))
+    share = -(-nbytes // threads)
+
+    def write(i: int) -> None:
+        fd = os.open(root / f"part_{i}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            left = share
+            while left > 0:
+                left -= os.write(fd, chunk[: min(left, len(chunk))])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    start = time.perf_counter()
+    workers = [threading.Thread(target=write, args=(i,)) for i in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    _fsync(root)
+    seconds = time.perf_counter() - start
+    shutil.rmtree(root)
+    return seconds
+
+
+def measure_floors(nbytes: int, repeat: int) -> dict[str, float]:
+    """Median seconds of `durable_write` per thread count, over `repeat` interleaved rounds."""
+    root = Path(tempfile.mkdtemp(prefix="bench_checkpoint_floor_", dir="/tmp"))
+    times: dict[int, list[float]] = {t: [] for t in FLOOR_THREADS}
+    try:
+        for r in range(repeat):
+            order = (
+                FLOOR_THREADS[r % len(FLOOR_THREADS) :] + FLOOR_THREADS[: r % len(FLOOR_THREADS)]
+            )
+            for t in order:
+                times[t].append(durable_write(root / f"w{t}", nbytes, t))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return {f"write+fsync x{t}": statistics.median(v) for t, v in times.items()}
+
+
 def summarize(runs: dict[str, list[dict]]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for name, results in runs.items():
@@ -410,6 +493,8 @@ def summarize(runs: dict[str, list[dict]]) -> dict[str, dict[str, Any]]:
             "bytes": results[-1]["bytes"],
             "ok": all(r["ok"] for r in results),
         }
+        if "blocks" in results[0]:
+            out[name]["blocks"] = statistics.median(r["blocks"] for r in results)
     return out
 
 
@@ -427,6 +512,11 @@ def print_table(s: dict[str, dict[str, Any]], repeat: int) -> None:
             f"{ratio(name, 'load', 'raw')} {ratio(name, 'total', 'raw')}"
             f"                {ratio(name, 'total', 'raw_fsync')}   {'yes' if v['ok'] else 'NO'}"
         )
+    if "accel_async" in s:
+        a = s["accel_async"]
+        print(f"  accel_async: the loop waits {a['blocks']:.2f} s (staging in CPU memory), "
+              f"{a['blocks'] / s['accel']['save']:.1%} of accel's synchronous save "
+              f"({s['accel']['save']:.2f} s); written and durable after {a['save']:.2f} s")  # fmt: skip
     print("  not durable on return (no fsync): raw (torch.save), accelerate (its save_state),")
     print("  accel_nofsync (ProjectConfiguration(fsync=False); still atomic against a crash);")
     print("  durable (fsynced): raw_fsync (file + folder), accel (every file + folders).")
@@ -441,6 +531,21 @@ def print_table(s: dict[str, dict[str, Any]], repeat: int) -> None:
         verdict = "MET" if a <= h * 1.05 else "MISSED"
         print(f"target, durable accel (fsync) vs accelerate (no fsync): "
               f"{a:.2f} s vs {h:.2f} s (x{a / h:.2f})  {verdict}")  # fmt: skip
+
+
+def print_floors(floors: dict[str, float], s: dict[str, dict[str, Any]], nbytes: int) -> None:
+    best = min(floors, key=floors.__getitem__)
+    print(f"\ndurable-write floor: {nbytes / 1e6:.0f} MB (accel's checkpoint) written as N files "
+          f"from N threads + fsync, median of the rounds")  # fmt: skip
+    for name, sec in floors.items():
+        print(f"  {name:18s} {sec:6.2f} s  {nbytes / sec / 1e9:5.2f} GB/s")
+    single, par = floors["write+fsync x1"], floors[best]
+    print(f"  saves against it (single stream {single:.2f} s; best, {best}, {par:.2f} s):")
+    for name in ("raw_fsync", "accel", "accel_async"):
+        if name in s:
+            save = s[name]["save"]
+            print(f"    {name:12s} save {save:6.2f} s = x{save / single:.2f} single stream, "
+                  f"x{save / par:.2f} best parallel")  # fmt: skip
 
 
 def parse_args() -> argparse.Namespace:
@@ -489,7 +594,10 @@ def main() -> None:
     print(f"torch {torch.__version__}, CPU, {args.threads} thread(s); {layers} x "
           f"Linear({args.width}, {args.width}) = {params_mb:.0f} MB fp32 parameters, AdamW "
           f"state ~2x that, LinearLR; a raw variant and an Accelerator per process")  # fmt: skip
-    print_table(summarize(run_all(args, names, layers)), args.repeat)
+    summary = summarize(run_all(args, names, layers))
+    print_table(summary, args.repeat)
+    nbytes = summary["accel"]["bytes"] if "accel" in summary else summary["raw"]["bytes"]
+    print_floors(measure_floors(nbytes, args.repeat), summary, nbytes)
 
 
 if __name__ == "__main__":

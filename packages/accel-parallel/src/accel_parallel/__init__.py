@@ -22,14 +22,19 @@ from accel_parallel._deepspeed_plugin import (
 from accel_parallel._fsdp import FSDP2Strategy
 from accel_parallel._fsdp_plugin import FullyShardedDataParallelPlugin
 from accel_parallel._io import (
+    StagingBuffers,
     add_job,
     deferred_fsync,
     deferred_write,
     fsync_dir,
+    fsync_enabled,
     fsync_file,
+    parallel_writes,
+    run_parallel,
     save_object,
     staged_writes,
     staging,
+    staging_buffers,
 )
 from accel_parallel._megatron import MegatronLMPlugin, megatron_settings
 from accel_parallel._mesh import MeshStrategy, mesh_local_rank
@@ -70,6 +75,7 @@ __all__ = [
     "ProcessInfo",
     "ReplicateParallel",
     "SingleDeviceStrategy",
+    "StagingBuffers",
     "Strategy",
     "TorchContextParallelConfig",
     "TorchTensorParallelConfig",
@@ -79,15 +85,19 @@ __all__ = [
     "deferred_fsync",
     "deferred_write",
     "fsync_dir",
+    "fsync_enabled",
     "fsync_file",
     "megatron_settings",
     "merge_fsdp_weights",
     "mesh_local_rank",
     "no_sync_all",
+    "parallel_writes",
     "register_comm_hook",
     "resolve_parallelism_config",
+    "run_parallel",
     "save_object",
     "select_strategy",
     "staged_writes",
     "staging",
+    "staging_buffers",
 ]

@@ -26,7 +26,7 @@ from accel_parallel._checkpoint_files import (
     fsdp_optimizer_folder,
 )
 from accel_parallel._fsdp_plugin import FullyShardedDataParallelPlugin
-from accel_parallel._io import add_job, save_object, staging
+from accel_parallel._io import WRITE_THREADS, add_job, fsync_enabled, save_object, staging
 from accel_parallel._strategy import ProcessInfo, Strategy
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -67,6 +67,7 @@ class FSDP2Strategy(Strategy):
         self._mesh: Any = None
         self._optimizer_models: dict[int, nn.Module] = {}
         self._checkpoint_groups: dict[str, Any] = {}
+        self._checkpoint_stagers: dict[str, Any] = {}
 
     # -- preparing -----------------------------------------------------------------------
     def _device_mesh(self) -> Any:
@@ -399,19 +400,40 @@ class FSDP2Strategy(Strategy):
     def _dcp_save(self, state: dict[str, Any], folder: Path) -> None:
         """dcp.save, or, for an asynchronous checkpoint, dcp.async_save (the state is staged in
         CPU memory now, written in the background on a gloo group of its own, so that its
-        collectives never interleave with the training's or another piece's)."""
+        collectives never interleave with the training's or another piece's).
+
+        Each process writes its shard as WRITE_THREADS files from as many threads, fsynced
+        unless the save runs inside `deferred_fsync(enabled=False)`. An asynchronous save
+        stages into the CPU buffers the previous one used (kept per folder name): a memory
+        copy, without faulting in fresh pages each time."""
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
 
+        writer = dcp.FileSystemWriter(
+            folder, thread_count=WRITE_THREADS, sync_files=fsync_enabled()
+        )
         if not staging():
-            dcp.save(state, checkpoint_id=folder)
+            dcp.save(state, storage_writer=writer)
             return
         # One group per piece (model, optimizer, ...): their background saves run at the same
         # time, and collectives of one group never interleave with another's.
         group = self._checkpoint_groups.get(folder.name)
         if group is None:
             group = self._checkpoint_groups[folder.name] = dist.new_group(backend="gloo")
-        future = dcp.async_save(state, checkpoint_id=folder, process_group=group)
+        stager = self._checkpoint_stagers.get(folder.name)
+        if stager is None:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            options = StagingOptions(
+                use_pinned_memory=torch.cuda.is_available(),
+                use_shared_memory=False,
+                use_async_staging=False,
+                use_non_blocking_copy=False,
+            )
+            stager = self._checkpoint_stagers[folder.name] = DefaultStager(options)
+        future = dcp.async_save(
+            state, storage_writer=writer, process_group=group, async_stager=stager
+        )
         add_job(future.result)
 
     def _sharded(self) -> bool:

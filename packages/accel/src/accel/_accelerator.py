@@ -641,6 +641,8 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
         self._optimizers.clear()
         self._schedulers.clear()
         self._dataloaders.clear()
+        self.wait_for_checkpoint()
+        self._staging_buffers.clear()  # an asynchronous save's CPU copies
         gc.collect()
         _empty_cache(self.device)
         return [None] * len(objects)

@@ -49,7 +49,16 @@ from accel._checkpoint_layout import (
 )
 from accel._io import read_weights, weights_writer
 from accel._reshard import continue_data_position
-from accel_parallel import deferred_fsync, fsync_dir, fsync_file, save_object, staged_writes
+from accel_parallel import (
+    StagingBuffers,
+    deferred_fsync,
+    fsync_dir,
+    fsync_file,
+    parallel_writes,
+    run_parallel,
+    save_object,
+    staged_writes,
+)
 
 _name = indexed
 _load = load_file
@@ -64,6 +73,8 @@ class CheckpointingMixin:
         self._save_hooks: collections.OrderedDict[int, Callable] = collections.OrderedDict()
         self._load_hooks: collections.OrderedDict[int, Callable] = collections.OrderedDict()
         self._pending_save: _AsyncSave | None = None
+        # The CPU copies of the last asynchronous save, reused by the next (free_memory drops)
+        self._staging_buffers = StagingBuffers()
 
     # -- registration ----------------------------------------------------------------------
     def register_for_checkpointing(self, *objects: Any) -> None:
@@ -151,7 +162,7 @@ class CheckpointingMixin:
         meta = self._marker_meta()
         limit = pc.total_limit if pc.automatic_checkpoint_naming else None
         if asynchronous:
-            with staged_writes() as jobs:  # tensors copied to CPU now, files written later
+            with staged_writes(self._staging_buffers) as jobs:  # copied now, written later
                 self._write_checkpoint(tmp, safe_serialization)
             self._pending_save = _AsyncSave(
                 jobs, tmp, target, meta, limit, writer=self._writer(), rank=self.process_index,
@@ -160,7 +171,8 @@ class CheckpointingMixin:
             if pc.automatic_checkpoint_naming:
                 pc.iteration += 1
             return os.fspath(target)
-        with deferred_fsync(enabled=pc.fsync):  # files flush while the next one is written
+        # Files are written by several threads at once, each flushed in the background.
+        with deferred_fsync(enabled=pc.fsync), parallel_writes():
             self._write_checkpoint(tmp, safe_serialization)
         self.wait_for_everyone()
         if self._writer():
@@ -550,8 +562,7 @@ class _AsyncSave:
     ) -> None:  # fmt: skip
         try:
             with deferred_fsync(enabled=fsync):
-                for job in jobs:
-                    job()
+                run_parallel(jobs)
             (tmp / f".written_{rank}").write_text("")
             if not writer:
                 return
