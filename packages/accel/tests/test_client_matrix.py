@@ -4,7 +4,8 @@ Every cell runs the real library (transformers, PEFT, diffusers, TRL, lm-eval) o
 built from configs, with `import accelerate` answered by accel. All cells run in one
 interpreter (`_client_matrix_flows.py`), which writes a JSON of what each saw; the cheap
 big-model cells run a second time on the real accelerate, as the reference they must equal.
-The 2-process cells run under one `accel launch --as_accelerate` of 2 gloo processes.
+The 2-process cells run under one `accel launch --as_accelerate` of 2 gloo processes, and
+lm-eval's own command line under `accel launch --as_accelerate -m lm_eval` on 2 processes.
 """
 
 from __future__ import annotations
@@ -79,13 +80,13 @@ def started(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tupl
         out = tmp_path_factory.mktemp("reference")
         cmd = [sys.executable, str(FLOWS), str(out), "accelerate", "bigmodel"]
         runs["reference"] = (_start(cmd, out), out)
-    if HAS["trl"] and HAS["lm_eval"]:
+    if HAS["trl"]:
         out = tmp_path_factory.mktemp("launched")
         launch = [sys.executable, "-m", "accel_cli.main", "launch", "--cpu", "--num_processes", "2"]
         trainer = "trainer:split_batches,dispatch_batches,dispatch_batches_false," + (
             "include_num_input_tokens_seen"
         )
-        groups = ["trl:sft,dpo,utilities", "lm_eval", trainer]
+        groups = ["trl:sft,dpo,utilities", trainer]
         cmd = [*launch, "--as_accelerate", str(FLOWS), str(out), "accel", *groups]
         runs["launched"] = (_start(cmd, out), out)
     yield runs
@@ -103,9 +104,18 @@ def _read(out: Path, group: str, impl: str, rank: int = 0) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def matrix(started: dict) -> dict[str, dict[str, Any]]:
+def matrix(started: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     run, out = started["matrix"]
     _wait(run)
+    if HAS["lm_eval"] and (out / "lm_eval_files_accel").is_dir():
+        # lm-eval's command line on 2 processes, on the model and task the matrix scored
+        files, cli_out = out / "lm_eval_files_accel", tmp_path_factory.mktemp("lm_eval_cli")
+        cmd = [sys.executable, "-m", "accel_cli.main", "launch", "--cpu", "--num_processes", "2",
+               "--as_accelerate", "-m", "lm_eval", "--model", "hf", "--model_args",
+               f"pretrained={files / 'lm'},dtype=float32", "--tasks", "accel_count",
+               "--include_path", str(files / "tasks"), "--device", "cpu", "--batch_size", "4",
+               "--output_path", str(cli_out / "results"), "--log_samples"]  # fmt: skip
+        started["lm_eval_cli"] = (_start(cmd, cli_out), cli_out)
     return {g: _read(out, g, "accel") for g, lib in GROUPS.items() if HAS[lib]}
 
 
@@ -286,24 +296,35 @@ def test_lm_eval_hflm_scores_a_local_task(matrix: dict) -> None:
 @pytest.fixture(scope="module")
 def launched(started: dict) -> Path:
     if "launched" not in started:
-        pytest.skip("trl and lm-eval are needed for the 2-process cells")
+        pytest.skip("trl is needed for the 2-process cells")
     run, out = started["launched"]
     _wait(run)
     return out
 
 
-def test_two_processes_lm_eval_scores_equal_one_process(matrix: dict, launched: Path) -> None:
+def test_accel_launch_m_lm_eval_on_two_processes_scores_as_one_process(
+    matrix: dict, started: dict
+) -> None:
+    """`accel launch --num_processes 2 --as_accelerate -m lm_eval ...`: lm-eval's own command
+    line runs on both processes and reports what one process's HFLM scored. (lm-eval splits
+    the documents over processes only with more than one GPU: here each process scores all.)"""
+    if "lm_eval_cli" not in started:
+        pytest.skip("lm-eval not installed")
+    run, out = started["lm_eval_cli"]
+    _wait(run)
     one = _cell(matrix["lm_eval"], "hflm")
-    ranks = [_cell(_read(launched, "lm_eval", "accel", r), "hflm") for r in (0, 1)]
-    if torch.cuda.device_count() > 1:
-        assert [r["rank"] for r in ranks] == [0, 1] and ranks[0]["world_size"] == 2
-    else:  # lm-eval splits the documents over processes only with more than one GPU
-        assert [r["world_size"] for r in ranks] == [1, 1]
-    got = ranks[0]  # the process that reports the results
-    assert "scores" not in ranks[1]
-    assert got["scores"] == pytest.approx(one["scores"])
-    for doc, values in one["loglikelihoods"].items():
-        assert got["loglikelihoods"][doc] == pytest.approx(values, abs=1e-5), doc
+    results = sorted((out / "results").rglob("results_*.json"))
+    samples = sorted((out / "results").rglob("samples_accel_count_*.jsonl"))
+    assert results and samples, (out / "log.txt").read_text()[-4000:]
+    for path in results:
+        got = json.loads(path.read_text())["results"]["accel_count"]
+        assert {k: v for k, v in got.items() if "," in k} == pytest.approx(one["scores"])
+    for path in samples:
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        assert sorted(str(r["doc_id"]) for r in rows) == sorted(one["loglikelihoods"])
+        for row in rows:
+            values = [float(r[0][0]) for r in row["resps"]]
+            assert values == pytest.approx(one["loglikelihoods"][str(row["doc_id"])], abs=1e-5)
 
 
 @pytest.mark.parametrize("cell", ["sft", "dpo"])
