@@ -3,7 +3,8 @@
 One process in all: the script runs directly under the same Python (fastest start). More
 than one, or a torchrun option (tee, log_dir, role, restarts, ...): `python -m
 torch.distributed.run` with the per-machine process count and the rendezvous, so multi-node,
-restarts and elasticity are torchrun's. With `mpirun_hostfile`: mpirun.
+restarts and elasticity (`--nnodes MIN:MAX` on a c10d rendezvous) are torchrun's. With
+`mpirun_hostfile`: mpirun.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from accel_cli._environment import (
     ENV_AS_ACCELERATE,
     ENV_CUDA_VISIBLE_DEVICES,
     ENV_DEBUG_MODE,
+    ENV_DISABLE_SHARED_STORE,
     ENV_KMP_AFFINITY,
     ENV_KMP_BLOCKTIME,
     ENV_MASTER_ADDR,
@@ -97,6 +99,12 @@ def build_command(
     """
     python = python or sys.executable
     if uses_deepspeed_runner(config):
+        if config.elastic:
+            raise ConfigError(
+                f"num_machines={config.nnodes} is an elastic range, which DeepSpeed's runner "
+                f"does not form: set deepspeed_multinode_launcher: standard (torchrun on each "
+                f"machine), or give one number of machines."
+            )
         return deepspeed_command(config, target, args, module=module, python=python)
     program = worker_program(config, target, args, module=module, python=python)
     if config.mpirun_hostfile is not None:
@@ -111,7 +119,7 @@ def build_command(
         "--nproc-per-node",
         str(config.nproc_per_node),
         "--nnodes",
-        str(config.num_machines),
+        config.nnodes,
         "--node-rank",
         str(config.machine_rank),
     ]
@@ -123,6 +131,8 @@ def build_command(
         cmd += ["--rdzv-backend", config.rdzv_backend, "--rdzv-endpoint", endpoint]
     if config.rdzv_conf:
         cmd += ["--rdzv-conf", config.rdzv_conf]
+    if config.rdzv_id is not None:
+        cmd += ["--rdzv-id", config.rdzv_id]
     if config.max_restarts:
         cmd += ["--max-restarts", str(config.max_restarts)]
     if config.monitor_interval != 0.1:
@@ -184,7 +194,8 @@ def build_env(
     config: LaunchConfig, environ: Mapping[str, str], *, cpu_cores: int | None = None
 ) -> dict[str, str]:
     """The child's environment: the caller's, plus the launch JSON and the few variables
-    torchrun and the devices need.
+    torchrun and the devices need (with a dynamic rendezvous, a new store for the workers of
+    each rendezvous round, so that machines can join a running job).
 
     Threads: `num_cpu_threads_per_process` when given; else an inherited OMP_NUM_THREADS is
     kept; else CPU runs of several processes split `cpu_cores` between them and accelerator
@@ -201,6 +212,8 @@ def build_env(
         env[ENV_MASTER_PORT] = str(config.main_process_port)
     if config.gpu_id_list is not None:
         env[ENV_CUDA_VISIBLE_DEVICES] = config.gpu_ids
+    if config.distributed and config.rdzv_backend != "static":
+        env.setdefault(ENV_DISABLE_SHARED_STORE, "1")  # see _environment
     if config.cpu:  # Intel OpenMP's thread placement, as accelerate sets it for CPU runs
         env.setdefault(ENV_KMP_AFFINITY, "granularity=fine,compact,1,0")
         env.setdefault(ENV_KMP_BLOCKTIME, "1")

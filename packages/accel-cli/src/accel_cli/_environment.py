@@ -38,6 +38,11 @@ ENV_USE_CPU = ("ACCEL_USE_CPU", "ACCELERATE_USE_CPU")
 # The rendezvous of workers started by mpirun (accel-state reads them).
 ENV_MASTER_ADDR = "MASTER_ADDR"
 ENV_MASTER_PORT = "MASTER_PORT"
+# torchrun's agent: "1" gives the workers of each rendezvous round a new store (on a free port
+# of the first machine) instead of one the agent shares across rounds; set for a dynamic
+# rendezvous (c10d, etcd), where a machine that joins a later round never learns the shared
+# store's address from torch and waits forever.
+ENV_DISABLE_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 DEFAULT_CONFIG_NAME = "default_config.yaml"
 

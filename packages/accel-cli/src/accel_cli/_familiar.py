@@ -200,7 +200,7 @@ def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
         config, main_process_ip=config.main_process_ip or LOOPBACK, main_process_port=port
     )
     args.nproc_per_node = str(config.nproc_per_node)
-    args.nnodes = str(config.num_machines)
+    args.nnodes = config.nnodes  # "MIN:MAX" for an elastic run
     args.node_rank = str(config.machine_rank)
     args.master_addr = str(config.main_process_ip)
     args.master_port = str(port)

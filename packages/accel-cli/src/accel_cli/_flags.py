@@ -177,6 +177,13 @@ _TORCHRUN = (
     _f("log_dir", help="torchrun: folder for the workers' log files."),
     _f("role", "default", options=("--role",), help="torchrun: role name of the workers."),
     _f("rdzv_conf", "", help="torchrun: extra rendezvous settings, k1=v1,k2=v2."),
+    _f("nnodes", help="torchrun's spelling of --num_machines; MIN:MAX (e.g. 1:4) makes the run "
+       "elastic: it starts and goes on with MIN to MAX machines (with --rdzv_backend c10d)."),
+    _f("nproc_per_node", help="torchrun's spelling: processes per machine (--num_processes is "
+       "this times the machines, the most of an elastic range)."),
+    _f("rdzv_endpoint", help="torchrun's spelling of --main_process_ip and --main_process_port: "
+       "HOST:PORT of the rendezvous, the same on every machine."),
+    _f("rdzv_id", help="torchrun: the job's id, the same on every machine (default 'none')."),
     _f("monitor_interval", 0.1, float, help="torchrun: seconds between checks of the workers."),
     Flag("no_python", None, None, help="Run SCRIPT as a program, without `python`."),
 )  # fmt: skip

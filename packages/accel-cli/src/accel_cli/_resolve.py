@@ -12,7 +12,7 @@ The workers receive the result as one JSON object in `$ACCEL_LAUNCH_CONFIG`
     mixed_precision              "no" | "fp16" | "bf16" | "fp8" | "fp16-true" | "bf16-true"
     gradient_accumulation_steps  int >= 1
     num_processes                int: total processes across all machines
-    num_machines                 int
+    num_machines                 int: the machines of a fixed run; an elastic one's most
     machine_rank                 int: this machine's index
     main_process_ip              str | null
     main_process_port            int | null
@@ -54,6 +54,9 @@ class LaunchConfig:
 
     num_processes: int = 1
     num_machines: int = 1
+    # An elastic run (torchrun's --nnodes MIN:MAX): it starts, and goes on, with as few as
+    # min_machines of the num_machines; None: always num_machines.
+    min_machines: int | None = None
     machine_rank: int = 0
     main_process_ip: str | None = None
     main_process_port: int | None = None
@@ -76,6 +79,7 @@ class LaunchConfig:
     log_dir: str | None = None
     role: str = "default"
     rdzv_conf: str = ""
+    rdzv_id: str | None = None
     monitor_interval: float = 0.1
     no_python: bool = False
     config_file: str | None = None
@@ -88,6 +92,7 @@ class LaunchConfig:
         for name in ("num_processes", "num_machines", "gradient_accumulation_steps"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)}: expected at least 1.")
+        self._check_elastic()
         if not 0 <= self.machine_rank < self.num_machines:
             raise ConfigError(
                 f"machine_rank={self.machine_rank} with num_machines={self.num_machines}: expected "
@@ -139,6 +144,27 @@ class LaunchConfig:
             )
         self._check_gpu_ids()
 
+    def _check_elastic(self) -> None:
+        if self.min_machines is None:
+            return
+        if not 1 <= self.min_machines <= self.num_machines:
+            raise ConfigError(
+                f"num_machines={self.min_machines}:{self.num_machines}: an elastic range MIN:MAX "
+                f"needs 1 <= MIN <= MAX, such as 1:{max(self.num_machines, 2)}."
+            )
+        if self.rdzv_backend == "static":
+            raise ConfigError(
+                f"num_machines={self.nnodes} is an elastic range, which torchrun's static "
+                f"rendezvous cannot form: add --rdzv_backend c10d (with --rdzv_endpoint HOST:PORT, "
+                f"or --main_process_ip and --main_process_port, the same on every machine)."
+            )
+        if self.mpirun_hostfile is not None:
+            raise ConfigError(
+                f"num_machines={self.nnodes} is an elastic range and mpirun starts a fixed set "
+                f"of processes: drop --mpirun_hostfile to launch through torchrun, or give one "
+                f"number of machines."
+            )
+
     def _check_gpu_ids(self) -> None:
         ids = self.gpu_id_list
         if ids is None or self.cpu:
@@ -154,6 +180,18 @@ class LaunchConfig:
         return self.num_processes // self.num_machines
 
     @property
+    def elastic(self) -> bool:
+        """Whether the run may go on with fewer machines than `num_machines`."""
+        return self.min_machines is not None and self.min_machines < self.num_machines
+
+    @property
+    def nnodes(self) -> str:
+        """torchrun's --nnodes: "N", or "MIN:MAX" for an elastic run."""
+        if self.elastic:
+            return f"{self.min_machines}:{self.num_machines}"
+        return str(self.num_machines)
+
+    @property
     def distributed(self) -> bool:
         """Whether the launch goes through torchrun: more than one process in all, or a
         torchrun option that only torchrun can honour (tee, log_dir, restarts, ...)."""
@@ -166,6 +204,7 @@ class LaunchConfig:
             or self.log_dir is not None
             or self.role != "default"
             or self.rdzv_conf != ""
+            or self.rdzv_id is not None
             or self.monitor_interval != 0.1
             or self.max_restarts > 0
         )
@@ -214,7 +253,11 @@ def resolve_launch_config(
     slurm: Mapping[str, Any] | None = None,
 ) -> Resolution:
     """Merge flags (only those the user gave) over the SLURM allocation's values (see
-    `_slurm`) over a config file over the defaults."""
+    `_slurm`) over a config file over the defaults.
+
+    Besides the fields, `flags` may hold torchrun's spellings (`TORCHRUN_SPELLINGS`):
+    nnodes ("N" or "MIN:MAX"), nproc_per_node and rdzv_endpoint ("HOST:PORT")."""
+    flags = _from_torchrun_spellings(flags, file, slurm or {})
     unknown = set(flags) - {f.name for f in dataclasses.fields(LaunchConfig)}
     assert not unknown, f"not LaunchConfig fields: {unknown}"
     slurm = slurm or {}
@@ -253,6 +296,9 @@ def resolve_launch_config(
             key = _FIELD_TO_KEY[name]
             chosen[name] = coerce(name, file_values[name], f"{key} in {str(file.path)!r}")
             sources[name] = "file"
+    if isinstance(chosen.get("num_machines"), str):  # "MIN:MAX": an elastic run
+        low, chosen["num_machines"] = machine_range(chosen["num_machines"], "num_machines")
+        chosen["min_machines"], sources["min_machines"] = low, sources["num_machines"]
     if "num_processes" not in chosen:
         chosen["num_processes"] = _default_num_processes(chosen)
     if file is not None:
@@ -262,7 +308,73 @@ def resolve_launch_config(
     chosen["explicit"] = tuple(sorted(k for k, v in sources.items() if k in given))
     for field in dataclasses.fields(LaunchConfig):
         sources.setdefault(field.name, "default")
-    return Resolution(LaunchConfig(**chosen), sources, notices)
+    config = LaunchConfig(**chosen)
+    if config.elastic and config.max_restarts == 0:
+        notices.append(
+            f"num_machines {config.nnodes} with max_restarts 0: the run starts with any number "
+            f"of machines in the range, but a machine lost ends it; pass --max_restarts N to go "
+            f"on with the others"
+        )
+    return Resolution(config, sources, notices)
+
+
+# torchrun's names for what accelerate's flags say, accepted beside them.
+TORCHRUN_SPELLINGS = ("nnodes", "nproc_per_node", "rdzv_endpoint")
+
+
+def machine_range(value: Any, where: str) -> tuple[int | None, int]:
+    """(MIN, MAX) of an elastic "MIN:MAX" number of machines; (None, N) for one number."""
+    text = str(value).strip()
+    low, sep, high = text.partition(":")
+    try:
+        numbers = [int(low), int(high)] if sep else [int(text)]
+    except ValueError:
+        numbers = []
+    if isinstance(value, bool) or not numbers or min(numbers) < 1 or numbers[0] > numbers[-1]:
+        raise ConfigError(
+            f"{where}={value!r}: expected a number of machines N >= 1, or an elastic range "
+            f"MIN:MAX with 1 <= MIN <= MAX (torchrun's --nnodes), such as 1:2."
+        )
+    return (numbers[0] if sep else None), numbers[-1]
+
+
+def _from_torchrun_spellings(
+    flags: Mapping[str, Any], file: ConfigFile | None, slurm: Mapping[str, Any]
+) -> dict[str, Any]:
+    """`flags` with torchrun's --nnodes, --nproc_per_node and --rdzv_endpoint turned into the
+    fields they set; an error where they contradict accelerate's spelling of the same."""
+    out = {k: v for k, v in flags.items() if k not in TORCHRUN_SPELLINGS}
+
+    def put(name: str, value: Any, torchrun: str) -> None:
+        if name in out and coerce(name, out[name], f"--{name}") != coerce(name, value, torchrun):
+            raise ConfigError(
+                f"{torchrun}={flags[torchrun[2:]]!r} and --{name}={out[name]!r} contradict "
+                f"({torchrun} means {name} {value}): give one of them."
+            )
+        out[name] = value
+
+    if flags.get("nnodes") is not None:
+        low, high = machine_range(flags["nnodes"], "--nnodes")
+        put("num_machines", high if low is None or low == high else f"{low}:{high}", "--nnodes")
+    if flags.get("rdzv_endpoint") is not None:
+        host, sep, port = str(flags["rdzv_endpoint"]).rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ConfigError(
+                f"--rdzv_endpoint={flags['rdzv_endpoint']!r}: expected HOST:PORT, such as "
+                f"10.0.0.1:29400 (the same on every machine)."
+            )
+        put("main_process_ip", host.strip("[]"), "--rdzv_endpoint")
+        put("main_process_port", int(port), "--rdzv_endpoint")
+    if flags.get("nproc_per_node") is not None:
+        per_node = coerce("num_processes", flags["nproc_per_node"], "--nproc_per_node")
+        if per_node < 1:
+            raise ConfigError(f"--nproc_per_node={per_node}: expected at least 1.")
+        file_values = file.values if file is not None else {}
+        machines = out.get("num_machines", slurm.get("num_machines"))
+        machines = file_values.get("num_machines", 1) if machines is None else machines
+        _, most = machine_range(machines, "num_machines")
+        put("num_processes", per_node * most, "--nproc_per_node")
+    return out
 
 
 def _default_num_processes(chosen: Mapping[str, Any]) -> int:
@@ -306,6 +418,9 @@ def coerce(name: str, value: Any, where: str) -> Any:
     """Turn a flag or file value into the field's type; `where` names it in errors."""
     if value is None:
         return None
+    if name == "num_machines" and isinstance(value, str) and ":" in value:
+        low, high = machine_range(value, where)
+        return high if low == high else f"{low}:{high}"
     if name in _INT_FIELDS:
         if isinstance(value, bool) or not isinstance(value, (int, str)):
             raise ConfigError(f"{where}={value!r}: expected an integer.")

@@ -39,6 +39,7 @@ from accel_cli._environment import (
     ENV_ACCEL_CONFIG,
     ENV_AS_ACCELERATE,
     ENV_DEBUG_MODE,
+    ENV_DISABLE_SHARED_STORE,
     ENV_OMP_NUM_THREADS,
     default_config_path,
 )
@@ -46,7 +47,12 @@ from accel_cli._familiar import env_wants_cpu, given_view
 from accel_cli._flags import given_flags
 from accel_cli._parser import _LAUNCH_FLAGS, build_parser, suggest_flag
 from accel_cli._refusals import check_launch, with_flag_sections
-from accel_cli._resolve import Resolution, resolve_launch_config
+from accel_cli._resolve import (
+    TORCHRUN_SPELLINGS,
+    Resolution,
+    machine_range,
+    resolve_launch_config,
+)
 from accel_cli._run import run_child
 from accel_cli._slurm import slurm_launch_values
 
@@ -86,14 +92,18 @@ _FIELD_FLAGS = (
     "log_dir",
     "role",
     "rdzv_conf",
+    "rdzv_id",
     "monitor_interval",
     "no_python",
 )
 
 
 def _slurm(flags: Mapping[str, object]) -> dict[str, object]:
-    """The SLURM allocation's machines, unless --num_machines takes the topology in hand."""
-    return {} if "num_machines" in flags else slurm_launch_values(os.environ)
+    """The SLURM allocation's machines, unless --num_machines (or --nnodes) takes the topology
+    in hand."""
+    if "num_machines" in flags or "nnodes" in flags:
+        return {}
+    return slurm_launch_values(os.environ)
 
 
 def launch_command(args: argparse.Namespace) -> int:
@@ -103,7 +113,7 @@ def launch_command(args: argparse.Namespace) -> int:
     given = {**given_flags(args), "module": args.module}
     flags = {
         name: getattr(args, name)
-        for name in (*_LAUNCH_FIELDS, "multi_gpu", *_FIELD_FLAGS)
+        for name in (*_LAUNCH_FIELDS, "multi_gpu", *_FIELD_FLAGS, *TORCHRUN_SPELLINGS)
         if getattr(args, name) is not None
     }
     if "cpu" not in flags and env_wants_cpu(os.environ):
@@ -132,6 +142,7 @@ def launch_command(args: argparse.Namespace) -> int:
             "CUDA_VISIBLE_DEVICES",
             ENV_DEBUG_MODE,
             ENV_AS_ACCELERATE,
+            ENV_DISABLE_SHARED_STORE,
         ):
             if env.get(name) != os.environ.get(name):
                 print(f"{name}={env[name]}")
@@ -158,7 +169,8 @@ def _multi_gpu_processes(flags: Mapping[str, object], file: ConfigFile | None) -
         return {}
     if flags.get("gpu_ids", file_values.get("gpu_ids")) not in (None, "all"):
         return {}  # one process per listed GPU (the resolver's default)
-    machines = int(flags.get("num_machines", file_values.get("num_machines", 1)))
+    machines = flags.get("nnodes", flags.get("num_machines", file_values.get("num_machines", 1)))
+    _, machines = machine_range(machines, "num_machines")
     return {"num_processes": count * machines}
 
 

@@ -372,8 +372,10 @@ def _build_topology(
     if device.type != "cpu":
         torch.get_device_module(device.type).set_device(device)
     extra = {"timeout": pg_kwargs.timeout} if pg_kwargs.timeout is not None else {}
-    if pg_kwargs.init_method is None and info.restart_count is not None:
-        # Under torchrun's agent: a fresh key space per restart attempt (see _store).
+    if pg_kwargs.init_method is None and info.restart_count is not None and info.agent_store:
+        # On the store of torchrun's agent, which outlives the workers: a fresh key space per
+        # restart attempt (see _store). Without it, rank 0 hosts a new store each attempt;
+        # no prefix then, as agents of an elastic run count their restarts apart.
         from torch.distributed.constants import default_pg_timeout
 
         from accel_state._store import attempt_store
