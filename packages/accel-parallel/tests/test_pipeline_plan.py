@@ -105,8 +105,14 @@ def test_megatron_plugin_maps_onto_the_mesh() -> None:
     assert (config.tp_size, config.pp_size, config.dp_shard_size) == (2, 2, 2)
     assert config.pp_microbatches == 4 and clip == 1.0 and fsdp.activation_checkpointing
     assert MegatronLMPlugin().to_parallelism_config(2).dp_replicate_size == 2  # plain DDP
-    with pytest.raises(ValueError, match="sequence_parallelism=True.*tp_plan"):
-        MegatronLMPlugin(tp_degree=2, sequence_parallelism=True)
+    sequence = MegatronLMPlugin(tp_degree=2, sequence_parallelism=True).to_parallelism_config(2)
+    assert sequence.tp_size == 2 and sequence.tp_handler.sequence_parallel
+    with pytest.raises(
+        ValueError, match=r"sequence_parallelism=True, tp_degree=None.*tp_degree > 1"
+    ):
+        MegatronLMPlugin(sequence_parallelism=True)
+    with pytest.raises(ValueError, match="pp_size=2, cp_size=2.*Set cp_size=1"):
+        MegatronLMPlugin(pp_degree=2, context_parallel_size=2).to_parallelism_config(4)
     with pytest.raises(ValueError, match="train_iters=10.*leave it at its default"):
         MegatronLMPlugin(train_iters=10)
     with pytest.raises(ValueError, match="set use_distributed_optimizer=True"):
@@ -121,3 +127,35 @@ def test_megatron_plugin_maps_onto_the_mesh() -> None:
         None, launched, world_size=2, parallelism_config=None, fsdp_plugin=None
     )
     assert config.pp_size == 2 and clip is None
+
+
+def test_sequence_parallel_plan_for_a_decoder_and_refusals() -> None:
+    """The regions laid out on a transformers decoder's plan (the numbers are checked against
+    one process in accel's tests/test_pipeline.py); other models need a plan that has them."""
+    transformers = pytest.importorskip("transformers")
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+
+    from accel_parallel._tp import resolve_plan
+
+    config = transformers.LlamaConfig(
+        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False,
+    )  # fmt: skip
+    model = transformers.LlamaForCausalLM(config)
+    plan = resolve_plan(model, None, sequence_parallel=True)
+    for name in ("model.layers.1.input_layernorm", "model.layers.1.post_attention_layernorm",
+                 "model.norm"):  # fmt: skip
+        assert isinstance(plan[name], SequenceParallel)
+    for name in ("model.layers.0.self_attn.o_proj", "model.layers.1.mlp.down_proj"):
+        assert isinstance(plan[name], RowwiseParallel) and plan[name].output_layouts == (Shard(1),)
+    head = plan["lm_head"]
+    assert isinstance(head, ColwiseParallel) and head.input_layouts == (Shard(1),)
+    assert "model.layers.0" in plan and "model.layers.1" not in plan  # the stream splits once
+    unsplit = {k: v for k, v in model._tp_plan.items() if "o_proj" not in k}
+    with pytest.raises(ValueError, match="no row-split output layer.*'self_attn'"):
+        resolve_plan(model, unsplit, sequence_parallel=True)
+    with pytest.raises(ValueError, match="Net is not a transformers decoder.*sequence_parallel"):
+        resolve_plan(Net(), {"blocks.*": "colwise"}, sequence_parallel=True)
+    given = resolve_plan(Net(), {"inp": "sequence_parallel"}, sequence_parallel=True)
+    assert list(given) == ["inp"]  # a plan with its own regions is used as it is

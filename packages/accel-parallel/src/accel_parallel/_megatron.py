@@ -4,8 +4,10 @@ accel does not run NVIDIA's Megatron-LM: it maps what the plugin asks for onto i
 `ParallelismConfig` (``tp_degree`` -> ``tp_size``, ``pp_degree`` / ``num_micro_batches`` ->
 ``pp_size`` / ``pp_microbatches``, ``use_distributed_optimizer`` -> ``dp_shard_size`` (FSDP2
 shards the optimizer state, and the weights, over the data-parallel ranks),
-``context_parallel_size`` -> ``cp_size``), ``recompute_activations`` onto activation
-checkpointing and ``gradient_clipping`` onto a global-norm clip at each optimizer step.
+``context_parallel_size`` -> ``cp_size``, ``sequence_parallelism`` -> sequence-parallel norms
+and dropout in the tensor-parallel plan, `accel_parallel._tp_sequence`),
+``recompute_activations`` onto activation checkpointing and ``gradient_clipping`` onto a
+global-norm clip at each optimizer step.
 Every other field must keep its default: one that is set is refused, naming it. Models
 built with Megatron-LM's own classes are out of scope; transformers and plain torch models
 are split by accel's plans.
@@ -17,17 +19,15 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from accel_parallel._parallelism_config import ParallelismConfig
+from accel_parallel._parallelism_config import ParallelismConfig, TorchTensorParallelConfig
 
 # Fields accel maps (the rest must keep accelerate's default).
 _HONOURED = (
     "tp_degree", "pp_degree", "num_micro_batches", "gradient_clipping",
     "recompute_activations", "use_distributed_optimizer", "context_parallel_size",
-    "recompute_granularity",
+    "recompute_granularity", "sequence_parallelism",
 )  # fmt: skip
 _WHY = {
-    "sequence_parallelism": "sequence-parallel norms need a tensor-parallel plan written for "
-    "them; pass ParallelismConfig(tp_plan={...: 'sequence_parallel'}) instead",
     "num_layers_per_virtual_pipeline_stage": "use ParallelismConfig(pp_schedule="
     "'Interleaved1F1B', pp_virtual_stages=N) for virtual stages",
     "custom_loss_function": "give the loss with ParallelismConfig(pp_loss_fn=...)",
@@ -124,6 +124,13 @@ class MegatronLMPlugin:
                 raise ValueError(
                     f"MegatronLMPlugin({name}={value!r}): expected a whole number >= 1."
                 )
+        if self.sequence_parallelism and (self.tp_degree or 1) == 1:
+            raise ValueError(
+                f"MegatronLMPlugin(sequence_parallelism=True, tp_degree={self.tp_degree}): "
+                f"sequence parallelism splits the activations of a tensor-parallel group along "
+                f"the sequence, and there is no such group; set tp_degree > 1, or "
+                f"sequence_parallelism=False."
+            )
 
     @property
     def recompute(self) -> bool:
@@ -141,6 +148,8 @@ class MegatronLMPlugin:
             )
         dp = world_size // model
         sizes: dict[str, Any] = {"tp_size": tp, "cp_size": cp}
+        if self.sequence_parallelism:
+            sizes["tp_handler"] = TorchTensorParallelConfig(sequence_parallel=True)
         if dp > 1 and self.use_distributed_optimizer:
             sizes["dp_shard_size"] = dp
         elif dp > 1 and model > 1:

@@ -87,6 +87,7 @@ class MeshStrategy(FSDP2Strategy):
                 self.config.sub_mesh("tp", self.device.type),
                 self.config.tp_plan,
                 enable_async_tp=bool(handler and handler.enable_async_tp),
+                sequence_parallel=bool(handler and handler.sequence_parallel),
             )
         if not self.shards:
             return model

@@ -51,9 +51,13 @@ _REFUSED_KEYS = {
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TorchTensorParallelConfig:
     """Tensor-parallel options. ``enable_async_tp`` overlaps the TP collectives with the
-    matmuls (torch's micro-pipelined TP: CUDA with symmetric memory, under torch.compile)."""
+    matmuls (torch's micro-pipelined TP: CUDA with symmetric memory, under torch.compile).
+    ``sequence_parallel`` (accel's addition; Megatron-LM's sequence parallelism) splits the
+    activations between the tensor-parallel blocks along the sequence (see
+    `accel_parallel._tp_sequence`)."""
 
     enable_async_tp: bool = False
+    sequence_parallel: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

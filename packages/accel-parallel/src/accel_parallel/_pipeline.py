@@ -28,6 +28,8 @@ from accel_parallel._fsdp import _checkpoint_blocks, _local
 from accel_parallel._mesh import MeshStrategy
 from accel_parallel._pipeline_plan import (
     PP_SCHEDULES,
+    DecoderStage,
+    TokenLoss,
     build_stages,
     full_name,
     is_transformers_decoder,
@@ -189,10 +191,15 @@ class PipelineStrategy(MeshStrategy):
     def _tensor_parallel(self, model: nn.Module, mine: dict) -> None:
         from torch.distributed.tensor.parallel import parallelize_module
 
-        resolved = resolve_plan(model, self.config.tp_plan)
+        handler = self.config.tp_handler
+        sequence = bool(handler and handler.sequence_parallel)
+        resolved = resolve_plan(model, self.config.tp_plan, sequence)
         _refuse_split_ties(model, resolved)
-        owned = [full_name(s, p) for s in mine.values() for p in s.unit_names]
+        owned = [name for s in mine.values() for name in s.unit_names.values()]
         mesh = self.config.sub_mesh("tp", self.device.type)
+        for stage in mine.values():  # activations between stages: this rank's slice
+            if sequence and hasattr(stage, "seq_shards"):
+                stage.seq_shards = self.config.tp_size
         for name, style in resolved.items():
             if any(name == o or name.startswith(f"{o}.") for o in owned):
                 parallelize_module(model.get_submodule(name), mesh, style)
@@ -241,7 +248,9 @@ class PipelineStrategy(MeshStrategy):
     def run(self, wrapped: PipelinedModel, args: tuple, kwargs: dict) -> PipelineOutput:
         """One forward of the prepared model: the whole schedule (see the module docstring)."""
         labels = kwargs.pop("labels", None)
+        mask = kwargs.pop("attention_mask", None)
         inputs = self._inputs(wrapped, args, kwargs)
+        extra = _padding(wrapped, mask, inputs[0], self.device)
         batch = inputs[0].shape[0]
         micro = self.config.pp_microbatches
         if batch % micro:
@@ -263,7 +272,10 @@ class PipelineStrategy(MeshStrategy):
                 "ParallelismConfig(pp_loss_fn=lambda output, labels: ...)."
             )
         target = labels if labels is not None and self._loss_fns[id(wrapped)] else None
-        key = tuple((tuple(t.shape), t.dtype) for t in inputs)
+        key = (tuple((tuple(t.shape), t.dtype) for t in inputs), bool(extra))
+        loss_fn = self._loss_fns[id(wrapped)]
+        if isinstance(loss_fn, TokenLoss):  # padding labels: weigh micro-batches by tokens
+            loss_fn.per_batch(target, self.config.pp_microbatches)
         schedule = self._schedule(wrapped, key, training, target is not None)
         feed = inputs if 0 in wrapped._stages else ()
         losses: list[torch.Tensor] | None = [] if target is not None else None
@@ -272,13 +284,15 @@ class PipelineStrategy(MeshStrategy):
             params = [p for s in wrapped._stages.values() for p in s.parameters()]
             held = _Held(params)
             with self._autocast():
-                out = schedule.step(*feed, target=target, losses=losses, return_outputs=False)
+                out = schedule.step(
+                    *feed, target=target, losses=losses, return_outputs=False, **extra
+                )
             held.collect()
             wrapped._held = held
         else:
             held = None
             with self._autocast():
-                out = schedule.eval(*feed, target=target, losses=losses)
+                out = schedule.eval(*feed, target=target, losses=losses, **extra)
         loss = self._share_loss(losses, target is not None)
         if held is not None and loss is not None:
             anchor = torch.zeros((), device=loss.device, requires_grad=True)
@@ -294,12 +308,6 @@ class PipelineStrategy(MeshStrategy):
         return torch.autocast(self.device.type, dtype=dtype)
 
     def _inputs(self, wrapped: PipelinedModel, args: tuple, kwargs: dict) -> tuple:
-        mask = kwargs.pop("attention_mask", None)
-        if mask is not None and not bool(torch.all(mask != 0)):
-            raise ValueError(
-                "pipeline parallel: an attention_mask with padding cannot travel between "
-                "stages; pack the sequences to one length (labels -100 where no loss is wanted)."
-            )
         name = "input_ids" if "input_ids" in kwargs else None
         if name is None and len(kwargs) == 1 and not args:
             name = next(iter(kwargs))
@@ -503,6 +511,28 @@ class PipelineStrategy(MeshStrategy):
             optimizer,
             directory / pipeline_folder(name),
         )
+
+
+def _padding(
+    wrapped: PipelinedModel, mask: torch.Tensor | None, ids: torch.Tensor, device: torch.device
+) -> dict[str, torch.Tensor]:
+    """The keywords that hand each stage its micro-batch's slice of a padding mask (every
+    pipeline rank holds the whole batch); none for a mask without padding."""
+    if mask is None or bool(torch.all(mask != 0)):
+        return {}
+    if not all(isinstance(s, DecoderStage) for s in wrapped._stages.values()):
+        raise ValueError(
+            f"pipeline parallel: a padding attention_mask reaches the stages of a transformers "
+            f"decoder model only; {type(wrapped.module).__name__} is cut by a module plan whose "
+            f"stages take one input. Pack the sequences to one length (labels -100 where no "
+            f"loss is wanted)."
+        )
+    if tuple(mask.shape) != tuple(ids.shape):
+        raise ValueError(
+            f"pipeline parallel: attention_mask of shape {tuple(mask.shape)} for input_ids of "
+            f"shape {tuple(ids.shape)}; give a (batch, sequence) mask like the input_ids."
+        )
+    return {"attention_mask": mask.to(device)}
 
 
 def _pipelined(model: nn.Module) -> PipelinedModel:

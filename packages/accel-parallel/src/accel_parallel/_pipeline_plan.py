@@ -65,6 +65,13 @@ def check_pipeline_options(config: Any) -> None:
             f"ParallelismConfig(pp_schedule={schedule!r}, pp_virtual_stages={virtual}): the "
             f"V-shaped schedules hold exactly 2 stages per rank; set pp_virtual_stages=2."
         )
+    if config.cp_size > 1:
+        raise ValueError(
+            f"ParallelismConfig(pp_size={config.pp_size}, cp_size={config.cp_size}): context "
+            f"parallel inside pipeline stages is not supported (the stages would see positions "
+            f"and labels of a slice of the sequence). Set cp_size=1; beside a pipeline, split "
+            f"with tp_size (and sequence parallel) or dp_shard_size."
+        )
     if config.pp_loss_fn is not None and not callable(config.pp_loss_fn):
         raise ValueError(
             f"ParallelismConfig(pp_loss_fn={config.pp_loss_fn!r}): expected a function "
@@ -115,20 +122,24 @@ class DecoderStage(nn.Module):
         self.layers = nn.ModuleList(base.layers[i] for i in layers)
         for j, i in enumerate(layers):
             self.unit_names[f"layers.{j}"] = f"{prefix}.layers.{i}"
+        self.seq_shards = 1  # sequence parallel: the stages pass 1/seq_shards of the sequence
         self.norm = base.norm if last else None
         self.head = model.lm_head if last else None
         if last:
             self.unit_names.update({"norm": f"{prefix}.norm", "head": "lm_head"})
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """`attention_mask`: this micro-batch's padding mask, handed to every stage by the
+        schedule (None without padding)."""
         from transformers.masking_utils import create_causal_mask
 
         h = self.embed(x) if self.embed is not None else x
-        positions = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
+        length = x.shape[1] if self.embed is not None else h.shape[1] * self.seq_shards
+        positions = torch.arange(length, device=h.device).unsqueeze(0)
         mask = create_causal_mask(
             config=self.config,
-            inputs_embeds=h,
-            attention_mask=None,
+            inputs_embeds=h.new_empty((h.shape[0], length, 0)),
+            attention_mask=attention_mask,
             past_key_values=None,
             position_ids=positions,
         )
@@ -290,12 +301,33 @@ def stage_units(stage: nn.Module) -> list[nn.Module]:
 LossFn = Callable[[Any, Any], torch.Tensor]
 
 
+class TokenLoss:
+    """The causal-LM loss transformers' model computes from logits and labels. Where the
+    labels ignore tokens (-100), each micro-batch's loss is its sum over the batch's counted
+    tokens, times the micro-batch count (the schedule divides by it), so the mean over
+    micro-batches is the loss of the whole batch, as one process computes it."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.vocab = model.config.vocab_size
+        self.loss_function = model.loss_function
+        self.items: torch.Tensor | None = None
+        self.micro = 1
+
+    def per_batch(self, labels: torch.Tensor | None, micro: int) -> None:
+        """Set up for the batch whose labels are `labels` (None: an evaluation without)."""
+        self.items, self.micro = None, micro
+        if labels is not None and bool((labels == -100).any()):
+            self.items = (labels[..., 1:] != -100).sum().clamp(min=1)
+
+    def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self.items is None:
+            return self.loss_function(logits=logits, labels=labels, vocab_size=self.vocab)
+        total = self.loss_function(
+            logits=logits, labels=labels, vocab_size=self.vocab, num_items_in_batch=self.items
+        )
+        return total * self.micro
+
+
 def transformers_loss(model: nn.Module) -> LossFn:
-    """The causal-LM loss transformers' model computes from logits and labels."""
-    vocab = model.config.vocab_size
-    loss_function = model.loss_function
-
-    def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return loss_function(logits=logits, labels=labels, vocab_size=vocab)
-
-    return loss
+    """The causal-LM loss of a transformers model (`TokenLoss`)."""
+    return TokenLoss(model)

@@ -19,6 +19,8 @@ from typing import Any
 
 from torch import nn
 
+from accel_parallel._tp_sequence import sequence_parallel_plan
+
 _STYLE_NAMES = (
     "colwise",
     "rowwise",
@@ -87,8 +89,12 @@ def _matcher(pattern: str) -> re.Pattern[str]:
     return re.compile(r"\.".join(parts))
 
 
-def resolve_plan(model: nn.Module, plan: Mapping[str, Any] | None) -> dict[str, Any]:
-    """{module name: ParallelStyle} for every module the plan names; errors name what is wrong."""
+def resolve_plan(
+    model: nn.Module, plan: Mapping[str, Any] | None, sequence_parallel: bool = False
+) -> dict[str, Any]:
+    """{module name: ParallelStyle} for every module the plan names, with the
+    sequence-parallel regions laid out when asked (`accel_parallel._tp_sequence`); errors
+    name what is wrong."""
     plan = dict(plan) if plan else model_tp_plan(model)
     if not plan:
         raise ValueError(
@@ -110,7 +116,7 @@ def resolve_plan(model: nn.Module, plan: Mapping[str, Any] | None) -> dict[str, 
             )
         for name in hits:
             out[name] = _style(style, pattern)
-    return out
+    return sequence_parallel_plan(model, out) if sequence_parallel else out
 
 
 def apply_tensor_parallel(
@@ -118,6 +124,7 @@ def apply_tensor_parallel(
     tp_mesh: Any,
     plan: Mapping[str, Any] | None = None,
     enable_async_tp: bool = False,
+    sequence_parallel: bool = False,
 ) -> nn.Module:
     """Split `model`'s weights over `tp_mesh` in place, as the plan says (see the module
     docstring). Modules already holding DTensors (a model loaded with transformers'
@@ -127,7 +134,7 @@ def apply_tensor_parallel(
 
     if any(isinstance(p, DTensor) for p in model.parameters()):
         return model
-    resolved = resolve_plan(model, plan)
+    resolved = resolve_plan(model, plan, sequence_parallel)
     _refuse_split_ties(model, resolved)
     if enable_async_tp:
         _enable_async_tp(tp_mesh)
