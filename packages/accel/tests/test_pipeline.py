@@ -73,16 +73,23 @@ def reference_net(dtype: torch.dtype | None = None) -> tuple[dict[str, torch.Ten
     autocast to `dtype` when given)."""
     model = make_net()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    losses = []
+    scaler = torch.amp.GradScaler("cpu", enabled=dtype == torch.float16)
+    losses, skipped = [], 0
     for x, y in batches():
         with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
             out = model(x)
         loss = nn.functional.mse_loss(out.float(), y)
-        loss.backward()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
         nn.utils.clip_grad_norm_(model.parameters(), 0.5)
-        opt.step()
+        before = scaler.get_scale()
+        scaler.step(opt)
+        scaler.update()
+        skipped += scaler.get_scale() < before
         opt.zero_grad()
         losses.append(loss.item())
+    if dtype == torch.float16:
+        assert skipped > 0  # the scale overflowed at least once: the skip is part of the check
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, losses
 
 
@@ -335,10 +342,8 @@ def _drift(state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) ->
 @pytest.mark.parametrize("mode", ["bf16", "fp16"])
 def test_mixed_precision_runs_inside_the_stages(two: Any, mode: str) -> None:
     """Autocast inside the stages (fp16 too: it runs on CPU) equals one process under the
-    same autocast within its rounding: about 10x closer than to the fp32 run. For fp16 the
-    one process leaves the loss scale out: the pipeline applies it to the gradients after the
-    stages' backward (nothing underflows here), where a scaled backward overflows at the
-    first step and skips it."""
+    same autocast within its rounding: about 10x closer than to the fp32 run. Under fp16 both
+    scale the loss before the backward and skip the steps whose scaled backward overflows."""
     results, _ = two
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[mode]
     expected, losses = reference_net(dtype)

@@ -8,8 +8,10 @@ The familiar loop stays as it is: the schedule runs inside the prepared model's 
 (the batch split into micro-batches, forward and backward of each, the loss averaged over
 them, as Megatron-LM does) and returns ``outputs.loss`` on every rank. The gradients it
 computed are held back and only land in ``.grad`` when ``accelerator.backward(loss)`` runs,
-multiplied by what flows into that backward (the accumulation divisor, the fp16 loss scale),
-so accumulation and mixed precision behave as without a pipeline. In eval mode (or under
+multiplied by what flows into that backward (the accumulation divisor), so accumulation and
+mixed precision behave as without a pipeline. Under fp16 the schedule's loss function is
+multiplied by the step's loss scale, so the stages' backward runs on the scaled loss (as a
+plain fp16 backward does: small gradients do not underflow, an overflow reaches the scaler). In eval mode (or under
 ``torch.no_grad``) the schedule runs forward only and the outputs come back on every rank.
 """
 
@@ -78,6 +80,7 @@ class _Held:
 
     def __init__(self, params: list[nn.Parameter]) -> None:
         self.params = params
+        self.applied = 1.0
         self.before = [p.grad for p in params]
         for p in params:
             p.grad = None
@@ -89,6 +92,9 @@ class _Held:
             p.grad = before
 
     def release(self, scale: float) -> None:
+        """Add the held gradients to ``.grad``, times `scale` over the loss scale the schedule's
+        backward already ran with (`applied`)."""
+        scale /= self.applied
         if self.done:
             raise RuntimeError("backward ran twice on one pipeline loss.")
         self.done = True
@@ -101,6 +107,19 @@ class _Held:
                 p.grad = fresh
             else:
                 _local(p.grad).add_(_local(fresh))
+
+
+class _ScaledLoss:
+    """The schedule's loss function, multiplied by the fp16 loss scale of the step (so the
+    stages' backward runs on the scaled loss, as a plain fp16 backward does)."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+        self.scale = 1.0
+
+    def __call__(self, output: Any, target: Any) -> torch.Tensor:
+        loss = self.fn(output, target)
+        return loss * self.scale if self.scale != 1.0 else loss
 
 
 class PipelinedModel(nn.Module):
@@ -130,6 +149,7 @@ class PipelineStrategy(MeshStrategy):
         self.name = "pipeline"
         self.recompute = self.plugin.activation_checkpointing
         self._loss_fns: dict[int, Any] = {}
+        self._scaled_losses: dict[int, _ScaledLoss] = {}
 
     # -- the pipeline group --------------------------------------------------------------------
     def _pp(self) -> Any:
@@ -239,11 +259,24 @@ class PipelineStrategy(MeshStrategy):
             for i, module in sorted(wrapped._stages.items())
         ]
         cls = get_schedule_class(c.pp_schedule)
-        loss_fn = self._loss_fns[id(wrapped)] if loss else None
+        loss_fn = self._scaled_loss(wrapped) if loss else None
         target = stages if PP_SCHEDULES[c.pp_schedule][0] else stages[0]
         schedule = cls(target, n_microbatches=c.pp_microbatches, loss_fn=loss_fn, scale_grads=True)
         wrapped._schedules[(key, training, loss)] = schedule
         return schedule
+
+    def _scaled_loss(self, wrapped: PipelinedModel) -> _ScaledLoss:
+        found = self._scaled_losses.get(id(wrapped))
+        if found is None:
+            found = self._scaled_losses[id(wrapped)] = _ScaledLoss(self._loss_fns[id(wrapped)])
+        return found
+
+    def _loss_scale(self) -> float:
+        """The fp16 loss scale the next backward multiplies by (1.0 without a scaler)."""
+        scaler = self.loss_scaler
+        if scaler is None or not scaler.is_enabled():
+            return 1.0
+        return float(scaler.get_scale())
 
     def run(self, wrapped: PipelinedModel, args: tuple, kwargs: dict) -> PipelineOutput:
         """One forward of the prepared model: the whole schedule (see the module docstring)."""
@@ -283,6 +316,8 @@ class PipelineStrategy(MeshStrategy):
             self._drop_unreleased(wrapped)
             params = [p for s in wrapped._stages.values() for p in s.parameters()]
             held = _Held(params)
+            if target is not None:
+                held.applied = self._scaled_loss(wrapped).scale = self._loss_scale()
             with self._autocast():
                 out = schedule.step(
                     *feed, target=target, losses=losses, return_outputs=False, **extra
@@ -294,6 +329,8 @@ class PipelineStrategy(MeshStrategy):
             with self._autocast():
                 out = schedule.eval(*feed, target=target, losses=losses, **extra)
         loss = self._share_loss(losses, target is not None)
+        if held is not None and loss is not None and held.applied != 1.0:
+            loss = loss / held.applied  # the schedule's losses carry the loss scale
         if held is not None and loss is not None:
             anchor = torch.zeros((), device=loss.device, requires_grad=True)
             loss = _HeldGradients.apply(loss, anchor, held)

@@ -52,6 +52,8 @@ class Strategy:
     reshardable = False  # its checkpoints load on a different number of processes
     engine_precision: str | None = None  # the engine casts and scales itself in this mode
     clip_norm: float | None = None  # clip to this global norm at each optimizer step
+    # The precision's loss scaler (fp16), for a strategy whose backward runs inside the forward
+    loss_scaler: Any = None
 
     def __init__(self, info: ProcessInfo) -> None:
         self.info = info

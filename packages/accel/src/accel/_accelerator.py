@@ -155,6 +155,7 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
             fp8_kwargs=fp8_kwargs,
             sharded=self.strategy.sharded,
         )
+        self.strategy.loss_scaler = self.precision.scaler
         self.dynamo_plugin = resolve_dynamo_plugin(
             dynamo_backend, dynamo_plugin, launched.get("dynamo_config") or {}
         )
