@@ -1,7 +1,8 @@
 """Worker code for the checkpoint interchange tests: the same loop under accel and accelerate.
 
-Each engine ("single", "ddp", "fsdp_sharded", "fsdp_full") trains a small model with dropout
-(so the resumed steps depend on the restored RNG), AdamW and a StepLR. Three runs per
+Each engine ("single", "ddp", "fsdp_sharded", "fsdp_full", "deepspeed_zero2",
+"deepspeed_zero3") trains a small model with dropout (so the resumed steps depend on the
+restored RNG), AdamW and a StepLR. Three runs per
 direction: the uninterrupted 5 steps of the library that resumes, 3 steps saved by the other
 library, and the resume of that save for 2 more steps by the first library.
 """
@@ -9,6 +10,7 @@ library, and the resume of that save for 2 more steps by the first library.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -51,7 +53,43 @@ def _fsdp_plugin(lib: str, engine: str) -> Any:
     return FullyShardedDataParallelPlugin(fsdp_version=2, state_dict_type=kind)
 
 
+def _deepspeed_accelerator(lib: str, engine: str) -> Any:
+    """ZeRO-2 or ZeRO-3 from the same config in both libraries (the batch size is written:
+    the loop draws its own batches, no DataLoader is prepared)."""
+    # DeepSpeed's CPU ops compile once per machine, into the cache test_deepspeed.py uses
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions"))
+    config = {
+        "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
+        "gradient_clipping": 1.0, "zero_optimization": {"stage": int(engine[-1])},
+    }  # fmt: skip
+    if lib == "accel":
+        from accel import Accelerator, DeepSpeedPlugin
+        from accel.state import AcceleratorState
+
+        AcceleratorState._reset_state(reset_partial_state=False)
+        return Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config))
+    from accelerate import Accelerator, DeepSpeedPlugin
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    AcceleratorState._reset_state()
+    GradientState._reset_state()
+    # accelerate runs DeepSpeed only on accelerators: without one its process state finds no
+    # backend and counts one process (every process would write random_states_0.pkl and step
+    # the scheduler once a step). Its process state is made as for a CPU run (gloo, the real
+    # number of processes), then DeepSpeed is selected as `accelerate launch --use_deepspeed`
+    # selects it, and its DeepSpeed code runs as on GPUs, on DeepSpeed's CPU accelerator.
+    partial = PartialState(cpu=True)
+    partial.distributed_type = _CPU_TYPE.setdefault("type", partial.distributed_type)
+    os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
+    try:
+        return Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config))
+    finally:
+        del os.environ["ACCELERATE_USE_DEEPSPEED"]
+
+
 def _accelerator(lib: str, engine: str) -> Any:
+    if engine.startswith("deepspeed"):
+        return _deepspeed_accelerator(lib, engine)
     fsdp = _fsdp_plugin(lib, engine) if engine.startswith("fsdp") else None
     if lib == "accel":
         from accel import Accelerator
@@ -99,6 +137,8 @@ def _run(lib: str, engine: str, steps: range, save: str | None, load: str | None
         if save is not None and step == BEFORE - 1:
             acc.save_state(save)  # saving changes nothing: the run goes on uninterrupted
             out["saved"] = _weights(model)
+    if engine.startswith("deepspeed"):
+        return {**out, **_deepspeed_snapshot(acc, model, sched, seen)}
     return {**out, **_snapshot(acc, model, opt, sched, seen)}
 
 
@@ -108,6 +148,10 @@ def _inner(model: nn.Module) -> nn.Module:
 
 def _weights(model: nn.Module) -> dict[str, torch.Tensor]:
     """The full weights, on every process (no RNG is drawn)."""
+    if type(model).__name__ == "DeepSpeedEngine":
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        return {n: safe_get_full_fp32_param(p).clone() for n, p in model.module.named_parameters()}
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     options = StateDictOptions(full_state_dict=True)
@@ -131,6 +175,26 @@ def _snapshot(acc: Any, model: nn.Module, opt: Any, sched: Any, seen: Seen) -> d
         "rng": torch.rand(3),  # the torch RNG after the run: restored and advanced alike
         "step": acc.step,
     }
+
+
+def _deepspeed_snapshot(acc: Any, engine: Any, sched: Any, seen: Seen) -> dict:
+    """`_snapshot` for a DeepSpeed engine: the fp32 master weights and AdamW state of every
+    parameter, gathered from the ZeRO partitions on every process."""
+    from deepspeed.utils import safe_get_full_optimizer_state
+
+    base = getattr(engine.optimizer, "optimizer", engine.optimizer)
+    [step] = {float(s["step"]) for s in base.state.values()}
+    optimizer = {
+        n: {
+            "exp_avg": safe_get_full_optimizer_state(p, "exp_avg").clone(),
+            "exp_avg_sq": safe_get_full_optimizer_state(p, "exp_avg_sq").clone(),
+            "step": torch.tensor(step),
+        }
+        for n, p in engine.module.named_parameters()
+    }
+    inner = sched.scheduler if hasattr(sched, "scheduler") else sched
+    return {"weights": _weights(engine), "optimizer": optimizer, "scheduler": inner.state_dict(),
+            "seen": seen.steps, "rng": torch.rand(3), "step": acc.step}  # fmt: skip
 
 
 def interchange(folder: str, engines: list[str]) -> dict:

@@ -1,15 +1,17 @@
 """accel and the real accelerate resume each other's save_state folders.
 
-For a single device, DDP on 2 processes and FSDP2 (sharded and full state dicts) on 2 gloo
-processes: each library trains 5 steps uninterrupted, saving after 3 on the way; the other
-library loads that save and trains the last 2 steps. The resumed run must end exactly where
+For a single device, DDP on 2 processes, FSDP2 (sharded and full state dicts) and DeepSpeed
+ZeRO-2 and ZeRO-3 on 2 gloo processes: each library trains 5 steps uninterrupted, saving after
+3 on the way; the other library loads that save and trains the last 2 steps. The resumed run must end exactly where
 the uninterrupted one of the library that resumed ends: weights, AdamW state, scheduler,
 registered object and the torch RNG (the model has dropout, so the resumed steps depend on the
-restored RNG). accelerate runs FSDP only on accelerators; here its FSDP2 code runs on gloo.
+restored RNG). accelerate runs FSDP and DeepSpeed only on accelerators; here their code runs
+on gloo.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -39,10 +41,16 @@ def _assert_resumed_equals_uninterrupted(results: dict) -> None:
         assert torch.equal(whole["rng"], resumed["rng"]), key
 
 
+DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
+NO_DEEPSPEED = "deepspeed is not installed (pip install accel-parallel[deepspeed])"
+
+
 @pytest.fixture(scope="module")
 def two_processes(tmp_path_factory):
     folder = tmp_path_factory.mktemp("interchange")
     engines = ["ddp", "fsdp_sharded", "fsdp_full"]
+    if DEEPSPEED:  # last: the runs before it never see DeepSpeed imported
+        engines += ["deepspeed_zero2", "deepspeed_zero3"]
     ranks = run_distributed(_interop.interchange, str(folder), engines, world_size=2, timeout=400)
     return folder, ranks
 
@@ -50,6 +58,7 @@ def two_processes(tmp_path_factory):
 def test_ddp_and_fsdp2_checkpoints_resume_in_the_other_library(two_processes):
     folder, ranks = two_processes
     for results in ranks:
+        results = {k: r for k, r in results.items() if not k.startswith("deepspeed")}
         assert len(results) == 6
         _assert_resumed_equals_uninterrupted(results)
     files = {k: r["files"] for k, r in ranks[0].items()}
@@ -67,6 +76,24 @@ def test_ddp_and_fsdp2_checkpoints_resume_in_the_other_library(two_processes):
         assert set(files[f"{engine}: accel saves, accelerate resumes"]) == (
             own | accelerate_files | extras
         )
+
+
+@pytest.mark.skipif(not DEEPSPEED, reason=NO_DEEPSPEED)
+def test_deepspeed_zero2_and_zero3_checkpoints_resume_in_the_other_library(two_processes):
+    """accelerate's DeepSpeed code runs here on DeepSpeed's CPU accelerator over gloo (see
+    `_interop._deepspeed_accelerator`); both libraries write the engine's tag folder
+    ``pytorch_model/`` and the same files beside it."""
+    _, ranks = two_processes
+    for results in ranks:
+        results = {k: r for k, r in results.items() if k.startswith("deepspeed")}
+        assert len(results) == 4
+        _assert_resumed_equals_uninterrupted(results)
+    extras = {"accel_checkpoint.json", "accel_process_0.pt", "accel_process_1.pt"}
+    for stage in (2, 3):
+        files = {k: set(r["files"]) for k, r in ranks[0].items() if f"zero{stage}" in k}
+        by_accelerate = files[f"deepspeed_zero{stage}: accelerate saves, accel resumes"]
+        assert {"pytorch_model", "latest", "scheduler.bin", "random_states_1.pkl"} <= by_accelerate
+        assert files[f"deepspeed_zero{stage}: accel saves, accelerate resumes"] == by_accelerate | extras  # fmt: skip
 
 
 def test_merge_fsdp_weights_takes_accelerates_documented_path(two_processes, tmp_path):

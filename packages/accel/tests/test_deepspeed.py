@@ -10,6 +10,7 @@ fail, so the whole module proves that DeepSpeed through accel needs no transform
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib.util
 import os
 import subprocess
@@ -90,8 +91,11 @@ def _teacher() -> nn.Module:
 
 # -- in the workers ------------------------------------------------------------------------------
 def _worker_setup() -> None:
-    """No transformers in this process, DeepSpeed's extensions in the per-machine cache."""
+    """No transformers in this process, DeepSpeed's extensions in the per-machine cache.
+    mlflow, which DeepSpeed's autotuner imports when it is installed and never uses here, is
+    kept out too: importing it costs each worker seconds."""
     sys.modules["transformers"] = None  # type: ignore[assignment]  # `import transformers` fails
+    sys.modules["mlflow"] = None  # type: ignore[assignment]
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", EXTENSIONS)
 
 
@@ -142,7 +146,7 @@ def _plain(acc: Any, model: Any) -> dict[str, torch.Tensor]:
 
 
 def _variant(plugin: Any, steps: int = STEPS, batch: int = GLOBAL_BATCH // 2, clip: float | None = None,
-             **kwargs: Any) -> dict[str, Any]:  # fmt: skip
+             save: str | None = None, **kwargs: Any) -> dict[str, Any]:  # fmt: skip
     acc = _accelerator(plugin, **kwargs)
     with acc.deepspeed_plugin.zero3_init():
         net = make_net()
@@ -150,6 +154,9 @@ def _variant(plugin: Any, steps: int = STEPS, batch: int = GLOBAL_BATCH // 2, cl
         net, torch.optim.AdamW(net.parameters(), lr=LR), _loader(batch)
     )
     out = _train(acc, model, opt, loader, steps, clip=clip)
+    if save is not None:  # resumed on 1 and 4 processes by test_zero_checkpoints_resume_...
+        acc.save_state(save)
+        out["saved"] = _zero_state(model)
     out.update(state=_plain(acc, model), config=acc.deepspeed_config, mixed=acc.mixed_precision)
     out["unwrapped"] = type(acc.unwrap_model(model)).__name__
     out["engine"] = type(model).__name__
@@ -161,8 +168,8 @@ def _variants(folder: str) -> dict[str, Any]:
     from accel.utils import DeepSpeedPlugin
 
     results: dict[str, Any] = {}
-    for stage in (1, 2):
-        results[f"zero{stage}"] = _variant(DeepSpeedPlugin(zero_stage=stage))
+    results["zero1"] = _variant(DeepSpeedPlugin(zero_stage=1))
+    results["zero2"] = _variant(DeepSpeedPlugin(zero_stage=2), save=f"{folder}/{RESHARD[2]}")
     zero3 = DeepSpeedPlugin(zero_stage=3, zero3_init_flag=True, zero3_save_16bit_model=True)
     results["zero3"] = _zero3(zero3, folder)
     results["accumulate"] = _variant(
@@ -192,10 +199,90 @@ def _zero3(plugin: Any, folder: str) -> dict[str, Any]:
     _train(acc, model, opt, loader, STEPS)
     acc.save_model(model, Path(folder) / "export3")
     saved = sorted(os.listdir(Path(folder) / "export3")) if acc.is_main_process else []
+    acc.save_state(Path(folder) / RESHARD[3])
     return {"state": _plain(acc, model), "local_numel": local, "total_numel": total,
+            "saved": _zero_state(model),
             "saved_files": saved, "engine": type(model).__name__,
             "unwrapped": type(acc.unwrap_model(model)).__name__,
             "config": acc.deepspeed_config}  # fmt: skip
+
+
+# -- a ZeRO checkpoint of 2 processes, resumed on 1 and on 4 ------------------------------------
+RESHARD = {2: "zero2_on_2", 3: "zero3_on_2"}  # the checkpoints _variants saves after STEPS steps
+
+
+def _zero_state(engine: Any) -> dict[str, Any]:
+    """The fp32 master weights and AdamW state of every parameter, gathered from the ZeRO
+    partitions (on every process), and the optimizer's step and lr."""
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+    base = getattr(engine.optimizer, "optimizer", engine.optimizer)
+    state = {
+        name: {"fp32": safe_get_full_fp32_param(p).clone(),
+               "exp_avg": safe_get_full_optimizer_state(p, "exp_avg").clone(),
+               "exp_avg_sq": safe_get_full_optimizer_state(p, "exp_avg_sq").clone()}
+        for name, p in engine.module.named_parameters()
+    }  # fmt: skip
+    steps = sorted({float(s["step"]) for s in base.state.values()})
+    return {"params": state, "steps": steps, "lr": base.param_groups[0]["lr"]}
+
+
+def _files(folder: Path) -> list[tuple[str, int, int]]:
+    return sorted(
+        (os.fspath(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns)
+        for p in folder.rglob("*")
+    )
+
+
+def _reshard(folder: str) -> dict[str, Any]:
+    """Each checkpoint of 2 processes loaded here (1 or 4 processes), then one more step on
+    the first GLOBAL_BATCH samples, split between the processes."""
+    _worker_setup()
+    from accel.utils import DeepSpeedPlugin
+
+    x, y = dataset()[:GLOBAL_BATCH]
+    out: dict[str, Any] = {}
+    for stage, name in RESHARD.items():
+        checkpoint = Path(folder) / name
+        before = _files(checkpoint)
+        acc = _accelerator(DeepSpeedPlugin(zero_stage=stage))
+        with acc.deepspeed_plugin.zero3_init():
+            net = make_net()
+        n = acc.num_processes
+        per = GLOBAL_BATCH // n
+        model, opt, _ = acc.prepare(net, torch.optim.AdamW(net.parameters(), lr=LR), _loader(per))
+        acc.load_state(checkpoint)
+        loaded = _zero_state(model)
+        mine = slice(acc.process_index * per, (acc.process_index + 1) * per)
+        acc.backward(nn.functional.mse_loss(model(x[mine]), y[mine]))
+        opt.step()
+        opt.zero_grad()
+        stepped = {k: v["fp32"] for k, v in _zero_state(model)["params"].items()}
+        acc.wait_for_everyone()
+        unchanged = _files(checkpoint) == before
+        out[name] = {"loaded": loaded, "stepped": stepped, "unchanged": unchanged}
+    return out
+
+
+def _one_more_step(saved: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Plain torch AdamW continuing from the saved weights and optimizer state, one step on
+    the first GLOBAL_BATCH samples, clipped as a plain DeepSpeedPlugin clips."""
+    model = make_net()
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, p in params.items():
+            p.copy_(saved["params"][name]["fp32"])
+    opt = torch.optim.AdamW(model.parameters(), lr=saved["lr"])
+    [step] = saved["steps"]
+    for name, p in params.items():
+        s = saved["params"][name]
+        opt.state[p] = {"step": torch.tensor(step), "exp_avg": s["exp_avg"].clone(),
+                        "exp_avg_sq": s["exp_avg_sq"].clone()}  # fmt: skip
+    x, y = dataset()[:GLOBAL_BATCH]
+    nn.functional.mse_loss(model(x), y).backward()
+    nn.utils.clip_grad_norm_(model.parameters(), AUTO_CLIP)
+    opt.step()
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
 
 
 def _auto() -> dict[str, Any]:
@@ -357,6 +444,16 @@ def launched(tmp_path_factory) -> dict[str, Any]:
     return {"ranks": ranks, "again": again, "folder": folder}
 
 
+@pytest.fixture(scope="module")
+def resharded(launched) -> dict[int, list[dict[str, Any]]]:
+    """The 2-process ZeRO-2 and ZeRO-3 checkpoints of `launched`, loaded on 1 and on 4
+    processes; both launches at once, so that the 1-process one does not leave a core idle."""
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        runs = {n: pool.submit(run_distributed, _reshard, launched["folder"], world_size=n,
+                               timeout=400) for n in (1, 4)}  # fmt: skip
+        return {n: run.result() for n, run in runs.items()}
+
+
 def _assert_close(state: dict, expected: dict, **tol: float) -> None:
     assert sorted(state) == sorted(expected)
     for k, v in expected.items():
@@ -462,6 +559,32 @@ def test_resume_under_accel_launch_equals_the_unbroken_run(launched):
     assert again["strategy"] == "deepspeed" and again["stage"]["stage"] == 2  # from the launch
     _assert_close(again["state"], first["state"], rtol=0.0, atol=0.0)  # bit for bit
     assert again["lrs"] == first["lrs"]
+
+
+def test_zero_checkpoints_resume_on_another_number_of_processes(launched, resharded):
+    """ZeRO-2 and ZeRO-3 checkpoints saved by 2 processes load on 1 and on 4 (DeepSpeed's
+    universal checkpoint, converted inside load_state) with the very same fp32 weights, Adam
+    moments, step and lr on every process; the next step is plain AdamW's from that state.
+    The checkpoint is only read, and its converted copy is gone afterwards."""
+    saved = {RESHARD[2]: launched["ranks"][0]["zero2"]["saved"],
+             RESHARD[3]: launched["ranks"][0]["zero3"]["saved"]}  # fmt: skip
+    assert saved[RESHARD[2]]["steps"] == saved[RESHARD[3]]["steps"] == [float(STEPS)]
+    after = {name: _one_more_step(expected) for name, expected in saved.items()}
+    for n, ranks in resharded.items():
+        assert len(ranks) == n
+        for rank in ranks:
+            for name, expected in saved.items():
+                result = rank[name]
+                loaded = result["loaded"]
+                assert loaded["steps"] == expected["steps"] and loaded["lr"] == expected["lr"]
+                assert loaded["params"].keys() == expected["params"].keys()
+                for param, states in expected["params"].items():
+                    for key, value in states.items():
+                        where = (n, name, param, key)
+                        assert torch.equal(loaded["params"][param][key], value), where
+                _assert_close(result["stepped"], after[name], **FP32)
+                assert result["unchanged"], (n, name)
+    assert not [f for f in os.listdir(launched["folder"]) if f.startswith(".accel_universal")]
 
 
 def test_the_workers_ran_without_transformers(launched):

@@ -39,6 +39,11 @@ from accel_parallel._deepspeed_plugin import (
     DummyScheduler,
     import_deepspeed,
 )
+from accel_parallel._deepspeed_reshard import (
+    engine_data_parallel_size,
+    load_universal,
+    needs_universal,
+)
 from accel_parallel._strategy import ProcessInfo, Strategy
 
 logger = logging.getLogger("accel_parallel.deepspeed")
@@ -70,6 +75,7 @@ class DeepSpeedStrategy(Strategy):
     owns_backward = True
     owns_optimizer = True
     sharded = True
+    reshardable = True  # ZeRO partitions from another size load as a universal checkpoint
 
     def __init__(self, info: ProcessInfo, plugins: Any, mixed_precision: str = "no") -> None:
         super().__init__(info)
@@ -402,10 +408,12 @@ class DeepSpeedStrategy(Strategy):
                 return engine
         return None
 
-    # An engine's checkpoint (its tag folder, named as accelerate names it) holds its module,
-    # optimizer and scheduler together and is written by every process. A trained engine's
-    # checkpoint goes with its optimizer's files (so it is written whichever way the model
-    # files are written); an engine without an optimizer writes it with the model files.
+    # An engine's checkpoint (its tag folder, named as accelerate names it, and DeepSpeed's
+    # `latest` file naming it, as accelerate's saves have) holds its module, optimizer and
+    # scheduler together and is written by every process. A trained engine's checkpoint goes
+    # with its optimizer's files (so it is written whichever way the model files are
+    # written); an engine without an optimizer writes it with the model files. A ZeRO
+    # checkpoint of another data-parallel size loads through `_deepspeed_reshard`.
     def save_model_files(
         self, model: nn.Module, directory: Path, name: str, *, writer: bool,
         write_full: Callable[[dict[str, torch.Tensor], Path], None],
@@ -414,7 +422,7 @@ class DeepSpeedStrategy(Strategy):
         if engine is None:
             return super().save_model_files(model, directory, name, writer=writer, write_full=write_full)  # fmt: skip
         if not self._has_optimizer(engine):
-            engine.save_checkpoint(str(directory), tag=self._tag(engine), save_latest=False)
+            engine.save_checkpoint(str(directory), tag=self._tag(engine))
 
     def load_model_files(
         self, model: nn.Module, directory: Path, name: str, *,
@@ -431,7 +439,7 @@ class DeepSpeedStrategy(Strategy):
         model: nn.Module | None = None,
     ) -> None:  # fmt: skip
         engine = self._engine_of(optimizer)
-        engine.save_checkpoint(str(directory), tag=self._tag(engine), save_latest=False)
+        engine.save_checkpoint(str(directory), tag=self._tag(engine))
 
     def load_optimizer_files(
         self, optimizer: torch.optim.Optimizer, directory: Path, name: str,
@@ -452,6 +460,14 @@ def _load_engine(engine: Any, directory: Path, tag: str, *, optimizer: bool, str
         raise FileNotFoundError(
             f"the checkpoint in {directory} has no DeepSpeed engine folder {tag!r}."
         )
+    saved = needs_universal(engine, directory / tag) if optimizer else None
+    if saved is not None:
+        logger.info(
+            "%s was saved by %d data-parallel ranks, this run has %d: loading it as a "
+            "universal checkpoint", directory / tag, saved, engine_data_parallel_size(engine),
+        )  # fmt: skip
+        load_universal(engine, directory, tag, strict=strict)
+        return
     path, _ = engine.load_checkpoint(
         str(directory), tag=tag, load_module_strict=strict, load_optimizer_states=optimizer,
         load_lr_scheduler_states=optimizer,
