@@ -1,10 +1,11 @@
 """ParallelismConfig meshes through the Accelerator, for real: gloo workers on CPU.
 
-Three launches (each costs seconds): a 4-process one trains dp_shard x tp and HSDP against
+Four launches (each costs seconds): a 4-process one trains dp_shard x tp and HSDP against
 the 1-process reference, checks batches, metrics, scheduler and ranks, and saves a mesh
-checkpoint mid-epoch; `accel launch` of 4 processes with --parallelism_config_* flags
-resumes it; a 2-process one runs tensor parallel alone (a plain model with a user plan, a
-transformers model with its own plan) and pipeline inference.
+checkpoint mid-epoch; `accel launch` with --parallelism_config_* flags resumes it on 4
+processes, and on 2 (tp alone: another data-parallel size); a 2-process one runs tensor
+parallel alone (a plain model with a user plan, a transformers model with its own plan) and
+pipeline inference.
 """
 
 from __future__ import annotations
@@ -159,22 +160,45 @@ _RESUME_SCRIPT = """
 import sys, torch
 sys.path.insert(0, {tests!r})
 import test_mesh as t
-from accel import Accelerator, ParallelismConfig
+from accel import Accelerator, AcceleratorState, ParallelismConfig
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 from torch import nn
 
 acc = Accelerator(cpu=True)
-assert acc.parallelism_config.dp_shard_size == 2 and acc.parallelism_config.tp_size == 2
-model = t.make_net()
-opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
-loader = torch.utils.data.DataLoader(t.dataset(), batch_size=t.GLOBAL_BATCH // 2)
-model, opt, sched, loader = acc.prepare(model, opt, sched, loader)
+config = acc.parallelism_config
+assert (config.dp_shard_size, config.tp_size) == ({dp_shard}, {tp})
+
+
+def prepare(acc, dp):
+    model = t.make_net()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    loader = torch.utils.data.DataLoader(t.dataset(), batch_size=t.GLOBAL_BATCH // dp)
+    return acc.prepare(model, opt, sched, loader)
+
+
+model, opt, sched, loader = prepare(acc, {dp_shard})
 acc.load_state({folder!r})
+full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+loaded = {{"state": acc.get_state_dict(model),
+           "optimizer": get_optimizer_state_dict(model, opt.optimizer, options=full)}}
+if acc.is_main_process:  # written now: training goes on in the same tensors
+    torch.save(loaded, {out!r} + ".loaded")
 seen = t._steps(acc, model, opt, sched, loader, t.STEPS - t.SAVE_AT)
 state = acc.get_state_dict(model)
 if acc.is_main_process:
     torch.save({{"state": state}}, {out!r})
-torch.save({{"seen": seen, "tp": acc.tensor_parallel_rank}}, {out!r} + f".{{acc.process_index}}")
+error = None
+if acc.num_processes == 2:  # a strategy without a mesh (DDP) reads full weights files only
+    AcceleratorState._reset_state()
+    ddp = Accelerator(cpu=True, parallelism_config=ParallelismConfig(dp_replicate_size=2))
+    prepare(ddp, 2)
+    try:
+        ddp.load_state({folder!r})
+    except RuntimeError as err:
+        error = (ddp.strategy.name, str(err))
+torch.save({{"seen": seen, "tp": acc.tensor_parallel_rank, "error": error}},
+           {out!r} + f".{{acc.process_index}}")
 acc.end_training()
 """
 
@@ -326,24 +350,55 @@ def test_metrics_reduce_scheduler_and_ranks_count_data_parallel(four: Any) -> No
         assert r["hsdp"]["ranks"] == {"tp": 0, "dp_replicate": rank // 2, "dp_shard": rank % 2}
 
 
-def test_accel_launch_resumes_mesh_checkpoint(four: Any, tmp_path: Path) -> None:
-    """`accel launch` with --parallelism_config_* flags: a new 4-process run loads the mesh
-    checkpoint saved mid-epoch and ends where the unbroken run ended."""
-    results, folder = four
+def _launch_resume(folder: Path, tmp_path: Path, dp_shard: int, tp: int) -> Path:
+    """`accel launch` of dp_shard x tp processes with --parallelism_config_* flags running
+    _RESUME_SCRIPT on the checkpoint in `folder`; the path its results start with."""
     out = tmp_path / "resumed.pt"
     script = tmp_path / "resume.py"
     tests = str(Path(__file__).parent)
-    script.write_text(_RESUME_SCRIPT.format(tests=tests, folder=str(folder), out=str(out)))
+    script.write_text(
+        _RESUME_SCRIPT.format(
+            tests=tests, folder=str(folder), out=str(out), dp_shard=dp_shard, tp=tp
+        )
+    )
     env = {k: v for k, v in os.environ.items() if k not in _TORCHRUN_VARS}
     env.update(OMP_NUM_THREADS="1", XDG_CONFIG_HOME=str(tmp_path))  # no default config file
     cmd = [
-        sys.executable, "-m", "accel_cli.main", "launch", "--cpu", "--num_processes", "4",
-        "--parallelism_config_dp_shard_size", "2", "--parallelism_config_tp_size", "2",
+        sys.executable, "-m", "accel_cli.main", "launch", "--cpu",
+        "--num_processes", str(dp_shard * tp),
+        "--parallelism_config_dp_shard_size", str(dp_shard),
+        "--parallelism_config_tp_size", str(tp),
         "--main_process_port", str(free_port()), str(script),
     ]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     problems = [ln for ln in proc.stderr.splitlines() if "rror" in ln or "terminate" in ln]
     assert proc.returncode == 0, "\n".join(problems[:40])
+    return out
+
+
+def _check_loaded_as_saved(folder: Path, out: Path, tmp_path: Path) -> None:
+    """Right after load_state, the full weights and optimizer state are the saved ones, bit
+    for bit (the DCP folders read back whole, in this one process)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    loaded = torch.load(f"{out}.loaded", weights_only=True)
+    for piece, key in (("pytorch_model_fsdp_0", "model"), ("optimizer_0", "optimizer")):
+        dcp_to_torch_save(folder / piece, tmp_path / f"{piece}.pt")
+        saved = torch.load(tmp_path / f"{piece}.pt", weights_only=True)[key]
+        if key == "optimizer":  # names and hyperparameters, then the tensors
+            assert loaded["optimizer"]["param_groups"] == saved["param_groups"]
+            saved, now = saved["state"], loaded["optimizer"]["state"]
+        else:
+            now = loaded["state"]
+        torch.testing.assert_close(now, saved, rtol=0, atol=0)
+
+
+def test_accel_launch_resumes_mesh_checkpoint(four: Any, tmp_path: Path) -> None:
+    """`accel launch` with --parallelism_config_* flags: a new 4-process run loads the mesh
+    checkpoint saved mid-epoch and ends where the unbroken run ended."""
+    results, folder = four
+    out = _launch_resume(folder, tmp_path, dp_shard=2, tp=2)
+    _check_loaded_as_saved(folder, out, tmp_path)
     resumed = torch.load(out, weights_only=True)
     for key, value in results[0]["2d"]["state"].items():
         torch.testing.assert_close(resumed["state"][key], value, rtol=0, atol=0)
@@ -351,6 +406,25 @@ def test_accel_launch_resumes_mesh_checkpoint(four: Any, tmp_path: Path) -> None
         part = torch.load(f"{out}.{rank}", weights_only=True)
         assert part["seen"] == results[rank]["2d"]["seen"][SAVE_AT:]
         assert part["tp"] == rank % 2
+
+
+def test_mesh_checkpoint_resumes_on_another_data_parallel_size(four: Any, tmp_path: Path) -> None:
+    """The dp_shard=2 x tp=2 checkpoint on 2 processes, tp=2 alone (one data-parallel rank):
+    DCP reshards the weights and the optimizer state exactly, the one rank reads the whole
+    global batches the two read, and the run ends where the unbroken one ended. A strategy
+    that cannot read the saved placements (DDP) is refused naming the dimensions that differ."""
+    results, folder = four
+    out = _launch_resume(folder, tmp_path, dp_shard=1, tp=2)
+    _check_loaded_as_saved(folder, out, tmp_path)
+    _check_trained(torch.load(out, weights_only=True), results[0]["2d"]["state"])
+    for rank in range(2):
+        part = torch.load(f"{out}.{rank}", weights_only=True)
+        both = [results[0]["2d"]["seen"][SAVE_AT:], results[2]["2d"]["seen"][SAVE_AT:]]
+        assert part["seen"] == [a + b for a, b in zip(*both)]
+        assert part["tp"] == rank
+        strategy, message = part["error"]
+        assert strategy == "ddp"
+        assert "dp_shard: saved 2, now 1, tp: saved 2, now 1" in message
 
 
 def test_tensor_parallel_plain_model_with_user_plan(two: list[dict]) -> None:
