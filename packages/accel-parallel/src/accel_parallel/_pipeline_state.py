@@ -2,7 +2,8 @@
 
 Each stage saves its own entries through DCP (the optimizer flattened to one entry per
 parameter name), so a checkpoint loads on any layout: the same pipeline, another one, or one
-process with the whole model (`load_sharded_model`, `load_flat_optimizer`).
+process with the whole model (`load_sharded_model`, `load_flat_optimizer`). FSDP2 and mesh
+checkpoints load the same way where no sharding is left (`load_sharded_optimizer`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,22 @@ def load_flat_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, fold
     state = {"optimizer": get_optimizer_state_dict(model, optimizer, options=optim_options())}
     dcp.load(state, checkpoint_id=folder)
     set_optimizer_state_dict(model, optimizer, state["optimizer"], options=optim_options())
+
+
+def load_sharded_optimizer(
+    model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path
+) -> None:
+    """Load an optimizer an FSDP2 or mesh run saved through DCP into `optimizer` of `model`
+    on any layout (one process, or DDP: whole tensors)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
+    dcp.load(state, checkpoint_id=folder)
+    set_optimizer_state_dict(model, optimizer, state["optimizer"])
 
 
 def full_tensor(value: Any) -> Any:

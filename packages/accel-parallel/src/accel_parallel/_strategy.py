@@ -26,7 +26,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from accel_parallel._checkpoint_files import pipeline_folder
+from accel_parallel._checkpoint_files import (
+    fsdp_model_file,
+    fsdp_model_folder,
+    fsdp_optimizer_folder,
+    pipeline_folder,
+)
 from accel_parallel._io import save_object
 
 
@@ -271,11 +276,21 @@ class Strategy:
         read_full: Callable[[Path], dict[str, torch.Tensor]],
         strict: bool = True,
     ) -> None:
-        if (directory / pipeline_folder(name)).is_dir():  # sharded by name (a pipeline run's): DCP
-            from accel_parallel._pipeline_state import load_sharded_model
+        # A sharded save (FSDP2, a device mesh, a pipeline): DCP reads it whole, whatever the
+        # saved placements were.
+        for folder in (directory / pipeline_folder(name), directory / fsdp_model_folder(name)):
+            if folder.is_dir():
+                from accel_parallel._pipeline_state import load_sharded_model
 
-            return load_sharded_model(self.unwrap_model(model), directory / pipeline_folder(name))
-        state = strip_wrapper_prefixes(read_full(directory / name), self.unwrap_model(model))
+                return load_sharded_model(self.unwrap_model(model), folder)
+        try:
+            state = read_full(directory / name)
+        except FileNotFoundError:
+            fsdp_full = directory / fsdp_model_file(name)  # FSDP2's FULL_STATE_DICT file
+            if not fsdp_full.is_file():
+                raise
+            state = torch.load(fsdp_full, map_location="cpu", weights_only=True)
+        state = strip_wrapper_prefixes(state, self.unwrap_model(model))
         self.load_model_state_dict(model, state, strict=strict)
 
     def save_optimizer_files(
@@ -305,6 +320,11 @@ class Strategy:
             return load_flat_optimizer(
                 self.unwrap_model(model), optimizer, directory / pipeline_folder(name)
             )
+        sharded = directory / fsdp_optimizer_folder(name)  # FSDP2 / mesh: per-name DCP entries
+        if not path.exists() and model is not None and sharded.is_dir():
+            from accel_parallel._pipeline_state import load_sharded_optimizer
+
+            return load_sharded_optimizer(self.unwrap_model(model), optimizer, sharded)
         if not path.exists():
             raise FileNotFoundError(f"the checkpoint in {directory} has no {path.name}")
         state = torch.load(path, map_location="cpu", weights_only=True)
