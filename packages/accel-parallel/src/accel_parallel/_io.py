@@ -78,15 +78,25 @@ def deferred_fsync(max_workers: int = 4, enabled: bool = True) -> Iterator[None]
         finally:
             _DEFERRED.reset(token)
         return
-    with ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="accel-fsync") as pool:
+    with _pool_block(_DEFERRED, max_workers, "accel-fsync"):
+        yield
+
+
+@contextlib.contextmanager
+def _pool_block(var: contextvars.ContextVar, max_workers: int, prefix: str) -> Iterator[None]:
+    """A thread pool that `var` hands to the code of the block (as ``(pool, futures)``); on
+    exit, wait for every future and raise the first error."""
+    with ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=prefix) as pool:
         futures: list[Future] = []
-        token = _DEFERRED.set((pool, futures))
+        token = var.set((pool, futures))
         try:
             yield
         finally:
-            _DEFERRED.reset(token)
-            for future in futures:
-                future.result()
+            var.reset(token)
+            errors = [f.exception() for f in futures]
+            first = next((e for e in errors if e is not None), None)
+            if first is not None:
+                raise first
 
 
 def fsync_enabled() -> bool:
@@ -103,17 +113,8 @@ def parallel_writes(max_workers: int = WRITE_THREADS) -> Iterator[None]:
     Each write runs in a copy of the caller's context (a surrounding `deferred_fsync` applies
     to it). The objects handed over must not change until the block ends: the caller waits
     in it, so a synchronous save needs no copies."""
-    with ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="accel-write") as pool:
-        futures: list[Future] = []
-        token = _PARALLEL.set((pool, futures))
-        try:
-            yield
-        finally:
-            _PARALLEL.reset(token)
-            errors = [f.exception() for f in futures]
-            first = next((e for e in errors if e is not None), None)
-            if first is not None:
-                raise first
+    with _pool_block(_PARALLEL, max_workers, "accel-write"):
+        yield
 
 
 def run_parallel(jobs: list[Callable[[], Any]], max_workers: int = WRITE_THREADS) -> None:
