@@ -45,7 +45,6 @@ EXPECTED = [
     "select_strategy",
     "staged_writes",
     "staging",
-    "staging_buffers",
 ]
 
 

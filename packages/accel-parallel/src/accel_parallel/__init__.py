@@ -34,7 +34,6 @@ from accel_parallel._io import (
     save_object,
     staged_writes,
     staging,
-    staging_buffers,
 )
 from accel_parallel._megatron import MegatronLMPlugin, megatron_settings
 from accel_parallel._mesh import MeshStrategy, mesh_local_rank
@@ -99,5 +98,4 @@ __all__ = [
     "select_strategy",
     "staged_writes",
     "staging",
-    "staging_buffers",
 ]

@@ -263,11 +263,6 @@ def staged_writes(buffers: StagingBuffers | None = None) -> Iterator[list[Callab
         _STAGED.reset(token)
 
 
-def staging_buffers() -> StagingBuffers | None:
-    """The `StagingBuffers` of the surrounding `staged_writes` (None without)."""
-    return _BUFFERS.get()
-
-
 def staging() -> bool:
     """Whether writes are being staged for a background thread (`staged_writes`)."""
     return _STAGED.get() is not None

@@ -148,8 +148,7 @@ class PipelineStrategy(MeshStrategy):
         super().__init__(*args, **kwargs)
         self.name = "pipeline"
         self.recompute = self.plugin.activation_checkpointing
-        self._loss_fns: dict[int, Any] = {}
-        self._scaled_losses: dict[int, _ScaledLoss] = {}
+        self._loss_fns: dict[int, _ScaledLoss | None] = {}
 
     # -- the pipeline group --------------------------------------------------------------------
     def _pp(self) -> Any:
@@ -205,7 +204,7 @@ class PipelineStrategy(MeshStrategy):
             if self.shards:
                 self._shard(stage, units)
         wrapped = PipelinedModel(model, self, mine)
-        self._loss_fns[id(wrapped)] = loss
+        self._loss_fns[id(wrapped)] = _ScaledLoss(loss) if loss is not None else None
         return wrapped
 
     def _tensor_parallel(self, model: nn.Module, mine: dict) -> None:
@@ -259,17 +258,11 @@ class PipelineStrategy(MeshStrategy):
             for i, module in sorted(wrapped._stages.items())
         ]
         cls = get_schedule_class(c.pp_schedule)
-        loss_fn = self._scaled_loss(wrapped) if loss else None
+        loss_fn = self._loss_fns[id(wrapped)] if loss else None
         target = stages if PP_SCHEDULES[c.pp_schedule][0] else stages[0]
         schedule = cls(target, n_microbatches=c.pp_microbatches, loss_fn=loss_fn, scale_grads=True)
         wrapped._schedules[(key, training, loss)] = schedule
         return schedule
-
-    def _scaled_loss(self, wrapped: PipelinedModel) -> _ScaledLoss:
-        found = self._scaled_losses.get(id(wrapped))
-        if found is None:
-            found = self._scaled_losses[id(wrapped)] = _ScaledLoss(self._loss_fns[id(wrapped)])
-        return found
 
     def _loss_scale(self) -> float:
         """The fp16 loss scale the next backward multiplies by (1.0 without a scaler)."""
@@ -307,8 +300,8 @@ class PipelineStrategy(MeshStrategy):
         target = labels if labels is not None and self._loss_fns[id(wrapped)] else None
         key = (tuple((tuple(t.shape), t.dtype) for t in inputs), bool(extra))
         loss_fn = self._loss_fns[id(wrapped)]
-        if isinstance(loss_fn, TokenLoss):  # padding labels: weigh micro-batches by tokens
-            loss_fn.per_batch(target, self.config.pp_microbatches)
+        if loss_fn is not None and isinstance(loss_fn.fn, TokenLoss):  # weigh micro-batches
+            loss_fn.fn.per_batch(target, self.config.pp_microbatches)  # by their tokens
         schedule = self._schedule(wrapped, key, training, target is not None)
         feed = inputs if 0 in wrapped._stages else ()
         losses: list[torch.Tensor] | None = [] if target is not None else None
@@ -317,7 +310,7 @@ class PipelineStrategy(MeshStrategy):
             params = [p for s in wrapped._stages.values() for p in s.parameters()]
             held = _Held(params)
             if target is not None:
-                held.applied = self._scaled_loss(wrapped).scale = self._loss_scale()
+                held.applied = loss_fn.scale = self._loss_scale()
             with self._autocast():
                 out = schedule.step(
                     *feed, target=target, losses=losses, return_outputs=False, **extra
