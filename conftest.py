@@ -6,13 +6,28 @@ PartialState behind fails (the state is reset for the next test either way).
 
 from __future__ import annotations
 
+import compileall
 import os
+from pathlib import Path
 
 import pytest
 
 # Variables that libraries set for themselves on first use (pytest; torch when it first
 # imports torch._dynamo / inductor): not a leak of the test that happened to trigger them.
 _SET_BY_LIBRARIES = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Compile the workspace's own sources to bytecode once, before any worker starts.
+
+    The workspace packages are installed editable, so `uv sync` compiles only the libraries;
+    where PYTHONDONTWRITEBYTECODE is set (as on CI), every spawned worker would otherwise
+    compile accel's sources again (~0.1 s of CPU per `import accel`). Up-to-date files are
+    skipped, so a second session costs a stat per file.
+    """
+    root = Path(__file__).parent
+    for folder in ("packages", "integration-tests"):
+        compileall.compile_dir(root / folder, quiet=2)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

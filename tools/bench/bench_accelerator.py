@@ -351,6 +351,9 @@ def parse_args() -> argparse.Namespace:
 
 
 def main() -> None:
+    from _bytecode import compile_workspace
+
+    compile_workspace()
     args = parse_args()
     hf = accelerate_importable()
     if args.profile:

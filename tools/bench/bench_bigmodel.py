@@ -136,6 +136,9 @@ def run_case(case: str, folder: str, dim: int, layers: int, cpu_budget: int, rep
 
 
 def main() -> None:
+    from _bytecode import compile_workspace
+
+    compile_workspace()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-gb", type=float, default=1.5, help="checkpoint size (fp32)")
     parser.add_argument("--dim", type=int, default=1024)

@@ -572,6 +572,9 @@ def profile_one(args: argparse.Namespace, name: str, layers: int) -> None:
 
 
 def main() -> None:
+    from _bytecode import compile_workspace
+
+    compile_workspace()
     args = parse_args()
     if args.child:
         torch.set_num_threads(args.threads)

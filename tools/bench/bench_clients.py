@@ -163,6 +163,9 @@ def _row(name: str, accel: list[float], accelerate: list[float], unit: str) -> s
 
 
 def main() -> None:
+    from _bytecode import compile_workspace
+
+    compile_workspace()
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=60)

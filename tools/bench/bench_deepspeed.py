@@ -193,6 +193,9 @@ def free_port() -> int:
 
 
 def main() -> None:
+    from _bytecode import compile_workspace
+
+    compile_workspace()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=15)

@@ -212,6 +212,9 @@ def save_bench(args: argparse.Namespace, rank: int) -> dict:
 
 
 def main() -> None:
+    from _bytecode import compile_workspace
+
+    compile_workspace()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--rounds", type=int, default=5)

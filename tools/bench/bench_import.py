@@ -53,6 +53,9 @@ def measure(name: str, runs: int) -> tuple[float, float]:
 
 
 def main() -> None:
+    from _bytecode import compile_workspace
+
+    compile_workspace()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=7)
     args = parser.parse_args()

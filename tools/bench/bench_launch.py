@@ -141,6 +141,9 @@ def time_once(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
 
 
 def main() -> None:
+    from _bytecode import compile_workspace
+
+    compile_workspace()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="rounds (median reported)")
     parser.add_argument("--nproc", type=int, default=2, help="processes per launch")

@@ -169,6 +169,9 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: dict
 
 
 def main() -> None:
+    from _bytecode import compile_workspace
+
+    compile_workspace()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--rounds", type=int, default=5)

@@ -195,6 +195,9 @@ def child(args: list[str]) -> dict:
 
 
 def main() -> int:
+    from _bytecode import compile_workspace
+
+    compile_workspace()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dim", type=int, default=4096)
     p.add_argument("--blocks", type=int, default=8)

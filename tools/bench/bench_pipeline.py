@@ -192,6 +192,9 @@ def theoretical(schedule: str) -> float:
 
 
 def main() -> None:
+    from _bytecode import compile_workspace
+
+    compile_workspace()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--rounds", type=int, default=3)
