@@ -23,12 +23,15 @@ reported as the median with the min..max spread:
   accel-read       reader=CheckpointReader(map_cached=False): concurrent reads into new tensors
   accel-mmap       accel with reader="mmap" (safetensors' memory map, one tensor at a time)
   accel-disk       device_map="auto" with a small max_memory: most blocks stay on disk
+  *-bf16           raw, accel and accelerate loading the fp32 checkpoint as bf16 (dtype=): every
+                   tensor changes dtype, so accel reads it into new memory and converts it
   accelerate(-disk) HuggingFace accelerate, when importable (uv run --group bench)
   runai, fastsafetensors  accel with reader="runai" / "fastsafetensors", when installed
 
 The rule reader="auto" follows (map what stays on the host in its stored dtype and fault cold
 pages in with threads; read into new tensors only what changes dtype or device) is checked at
-the end: auto must be within 10% of the fastest accel path (accel-read, accel-mmap) here.
+the end: auto must be within 10% of the fastest accel path (accel-read, accel-mmap) here, and
+accel-bf16 within 10% of accel-mmap-bf16.
 """
 
 from __future__ import annotations
@@ -130,7 +133,9 @@ def run_case(case: str, folder: str, dim: int, layers: int, cpu_budget: int) -> 
             out = run_parallel(folder, int(threads), int(mib) * 2**20)
         return {**out, "load": out["seconds"], "cpu": cpu_seconds() - cpu}
     torch.set_grad_enabled(False)
-    x = torch.randn(8, dim)
+    dtype = torch.bfloat16 if case.endswith("-bf16") else torch.float32
+    case = case.removesuffix("-bf16")
+    x = torch.randn(8, dim, dtype=dtype)
     base = peak_rss()
     offload = None
     start = time.perf_counter()
@@ -141,7 +146,7 @@ def run_case(case: str, folder: str, dim: int, layers: int, cpu_budget: int) -> 
             model = Stack(dim, layers)
         state = {}
         for path in shard_files(folder):
-            state.update(load_file(path))
+            state.update({k: v.to(dtype) for k, v in load_file(path).items()})
         model.load_state_dict(state, assign=True)
         del state
     else:
@@ -172,6 +177,8 @@ def run_case(case: str, folder: str, dim: int, layers: int, cpu_budget: int) -> 
             )  # fmt: skip
         else:
             kwargs.update(device_map={"": "cpu"})
+        if dtype != torch.float32:
+            kwargs["dtype"] = dtype
         model = load_checkpoint_and_dispatch(model, folder, **kwargs)
     loaded = time.perf_counter() - start
     model(x)
@@ -187,8 +194,9 @@ def available_cases(sweep: str) -> list[str]:
 
     cases = ["floor", *(f"par-{p}" for p in sweep.split(",") if p)]
     cases += ["raw", "accel", "accel-wait", "accel-read", "accel-mmap", "accel-disk"]
+    cases += ["raw-bf16", "accel-bf16", "accel-mmap-bf16"]
     if importlib.util.find_spec("accelerate"):
-        cases += ["accelerate", "accelerate-disk"]
+        cases += ["accelerate", "accelerate-disk", "accelerate-bf16"]
     for case, module in (("runai", "runai_model_streamer"), ("fastsafetensors", "fastsafetensors")):
         if importlib.util.find_spec(module):
             cases.append(case)
@@ -267,7 +275,7 @@ def report(mode: str, results: dict[str, list[dict]], size: int) -> None:
     floor = sweep[best] if best else median("floor")
     raw = median("raw")
     print(
-        f"\n{mode} cache: median (min..max) of {len(results['floor'])} runs; parallel floor = "
+        f"\n{mode} cache: median (min..max) of {max(map(len, results.values()))} runs; parallel floor = "
         f"{best} ({floor:.2f} s)"
     )
     print(
@@ -281,21 +289,25 @@ def report(mode: str, results: dict[str, list[dict]], size: int) -> None:
         seconds = [r["seconds"] for r in runs]
         mid = statistics.median(seconds)
         vs_floor = f"{mid / floor:.2f}x" if floor else "-"
-        vs_raw = f"{mid / raw:.2f}x" if raw else "-"
+        base = median("raw-bf16") if case.endswith("-bf16") else raw  # like against like
+        vs_raw = f"{mid / base:.2f}x" if base else "-"
         cpu = median(case, "cpu")
         rss = statistics.median(r.get("rss_bytes", 0) for r in runs) / size
         rss_text = f"{rss:.2f}" if "rss_bytes" in runs[0] else "-"
         print(f"| {case} | {mid:.2f} | {min(seconds):.2f}..{max(seconds):.2f} | "
               f"{median(case, 'load'):.2f} | {size / mid / 1e9:.2f} | {vs_floor} | {vs_raw} | "
               f"{cpu:.2f} | {cpu / (size / 1e9):.2f} | {rss_text} |")  # fmt: skip
-    paths = {c: median(c) for c in ("accel-read", "accel-mmap") if results.get(c)}
-    auto = median("accel")
-    if auto and paths:
+    rules = (("accel", ("accel-read", "accel-mmap")), ("accel-bf16", ("accel-mmap-bf16",)))
+    for auto_case, others in rules:
+        paths = {c: median(c) for c in others if results.get(c)}
+        auto = median(auto_case)
+        if not (auto and paths):
+            continue
         fastest = min(paths, key=lambda c: paths[c])
         verdict = "holds" if auto <= 1.1 * paths[fastest] else "does NOT hold"
         print(
-            f"\nreader='auto' rule {verdict} here: auto {auto:.2f} s, fastest other accel path "
-            f"{fastest} {paths[fastest]:.2f} s"
+            f"\nreader='auto' rule {verdict} here ({auto_case}): auto {auto:.2f} s, fastest "
+            f"other accel path {fastest} {paths[fastest]:.2f} s"
         )
 
 

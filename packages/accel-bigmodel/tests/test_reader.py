@@ -19,7 +19,7 @@ from accel_bigmodel import (
     load_offload_index,
 )
 from accel_bigmodel._placer import Placer
-from accel_bigmodel._reader import ReadRequest, ReadStats, read_header, stream_tensors
+from accel_bigmodel._reader import ReadRequest, ReadStats, map_file, read_header, stream_tensors
 
 CPU = torch.device("cpu")
 
@@ -116,6 +116,57 @@ def test_dtype_conversion_goes_through_staging_and_matches_a_cast(tmp_path):
     for name in got:
         assert torch.equal(_bits(got[name]), _bits(state[name].half())), name
     assert 0 < stats.staging_bytes <= 4 * 2**20
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="maps files on Linux only")
+def test_dtype_conversion_from_a_mapped_shard_needs_no_staging(tmp_path):
+    path = str(tmp_path / "model.safetensors")
+    state = mixed_state()
+    state["big"] = torch.randn(3 * 2**20 // 4 + 5)
+    save_file(state, path)
+    infos = {i.name: i for i in read_header(path)}
+    requests = [ReadRequest(infos[n], torch.float16, CPU) for n in ("big", "f32", "bf16")]
+    stats = ReadStats()
+    maps = {path: map_file(path)}
+    got = {r.info.name: t for r, t in stream_tensors(requests, 2, 4 * 2**20, stats, maps=maps)}
+    for name in got:
+        assert torch.equal(_bits(got[name]), _bits(state[name].half())), name
+    assert stats.staging_bytes == 0
+
+
+class KeptAndCast(nn.Module):
+    """Tensors of odd sizes that share pages: `keep` stays fp32 (views of the shard's map),
+    `cast` is converted from the same map, whose pages are unmapped once converted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.keep, self.cast = nn.Module(), nn.Module()
+        for i in range(6):
+            self.keep.register_parameter(f"w{i}", nn.Parameter(torch.randn(1000 + 37 * i)))
+            self.cast.register_parameter(f"w{i}", nn.Parameter(torch.randn(3000 + 101 * i)))
+
+
+@pytest.mark.parametrize("cold", [False, True])
+def test_converting_from_the_map_leaves_neighbouring_views_whole(tmp_path, cold):
+    torch.manual_seed(0)
+    state = {k: v.detach().clone() for k, v in KeptAndCast().state_dict().items()}
+    path = str(tmp_path / "model.safetensors")
+    save_file(dict(sorted(state.items(), key=lambda kv: kv[0][-1])), path)  # interleaved
+    if cold:
+        fd = os.open(path, os.O_RDONLY)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    with init_empty_weights():
+        model = KeptAndCast()
+    load_checkpoint_in_model(model, path, dtype=torch.float16, keep_in_fp32_modules=["keep"])
+    for name, tensor in model.state_dict().items():
+        want = state[name] if name.startswith("keep") else state[name].half()
+        assert torch.equal(_bits(tensor), _bits(want)), name
+    with torch.no_grad():  # the kept views are writable copies-on-write of the map
+        model.keep.w0.add_(1)
+    assert torch.equal(model.keep.w0, state["keep.w0"] + 1)
+    assert torch.equal(model.keep.w1, state["keep.w1"])
 
 
 def test_a_file_larger_than_the_buffer_is_read_within_it_in_the_order_asked(tmp_path):
@@ -231,6 +282,8 @@ def test_memory_stays_within_the_model_and_the_buffer(tmp_path):
     model, buffer = 32 * 2**20, 8 * 2**20
     ours = growth(CheckpointReader(buffer_size=buffer, map_cached=False))
     assert ours <= model + buffer + 6 * 2**20, ours / 2**20
+    mapped = growth(CheckpointReader(buffer_size=buffer))  # converted from the shard's map
+    assert mapped <= model + buffer + 6 * 2**20, mapped / 2**20
 
 
 def test_disk_spill_with_a_dtype_change_writes_converted_tensors(kit, reference, ids, tmp_path):
