@@ -19,7 +19,7 @@ from accel_bigmodel import (
     load_offload_index,
 )
 from accel_bigmodel._placer import Placer
-from accel_bigmodel._reader import ReadRequest, ReadStats, map_file, read_header, stream_tensors
+from accel_bigmodel._reader import ReadRequest, ReadStats, read_header, stream_tensors
 
 CPU = torch.device("cpu")
 
@@ -118,25 +118,9 @@ def test_dtype_conversion_goes_through_staging_and_matches_a_cast(tmp_path):
     assert 0 < stats.staging_bytes <= 4 * 2**20
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="maps files on Linux only")
-def test_dtype_conversion_from_a_mapped_shard_needs_no_staging(tmp_path):
-    path = str(tmp_path / "model.safetensors")
-    state = mixed_state()
-    state["big"] = torch.randn(3 * 2**20 // 4 + 5)
-    save_file(state, path)
-    infos = {i.name: i for i in read_header(path)}
-    requests = [ReadRequest(infos[n], torch.float16, CPU) for n in ("big", "f32", "bf16")]
-    stats = ReadStats()
-    maps = {path: map_file(path)}
-    got = {r.info.name: t for r, t in stream_tensors(requests, 2, 4 * 2**20, stats, maps=maps)}
-    for name in got:
-        assert torch.equal(_bits(got[name]), _bits(state[name].half())), name
-    assert stats.staging_bytes == 0
-
-
 class KeptAndCast(nn.Module):
     """Tensors of odd sizes that share pages: `keep` stays fp32 (views of the shard's map),
-    `cast` is converted from the same map, whose pages are unmapped once converted."""
+    `cast` is read and converted into new memory."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -147,7 +131,7 @@ class KeptAndCast(nn.Module):
 
 
 @pytest.mark.parametrize("cold", [False, True])
-def test_converting_from_the_map_leaves_neighbouring_views_whole(tmp_path, cold):
+def test_kept_views_and_converted_neighbours_sharing_pages_load_exactly(tmp_path, cold):
     torch.manual_seed(0)
     state = {k: v.detach().clone() for k, v in KeptAndCast().state_dict().items()}
     path = str(tmp_path / "model.safetensors")
@@ -282,8 +266,8 @@ def test_memory_stays_within_the_model_and_the_buffer(tmp_path):
     model, buffer = 32 * 2**20, 8 * 2**20
     ours = growth(CheckpointReader(buffer_size=buffer, map_cached=False))
     assert ours <= model + buffer + 6 * 2**20, ours / 2**20
-    mapped = growth(CheckpointReader(buffer_size=buffer))  # converted from the shard's map
-    assert mapped <= model + buffer + 6 * 2**20, mapped / 2**20
+    auto = growth(CheckpointReader(buffer_size=buffer))  # the default reader, shards mapped
+    assert auto <= model + buffer + 6 * 2**20, auto / 2**20
 
 
 def test_disk_spill_with_a_dtype_change_writes_converted_tensors(kit, reference, ids, tmp_path):

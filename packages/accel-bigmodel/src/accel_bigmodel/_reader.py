@@ -11,13 +11,15 @@ Two ways in, chosen per tensor by `_sources.load_accel`:
   `FaultIn`: a few threads fault large runs of pages in, in the model's order, with
   ``madvise(MADV_POPULATE_READ)``. The kernel reads straight into the page cache and maps those
   pages: no copy, no fresh memory to fault in page by page, no Python per byte.
-- Tensors that change dtype or go to a GPU: `stream_tensors` fills new tensors with a few
-  threads, chunk by chunk, in the order given, handing each back as soon as it is complete. The
-  new memory is faulted in with one call per chunk (``MADV_POPULATE_WRITE``). A dtype change on
-  the host converts straight from the shard's map (each chunk's pages brought in with one call,
-  and unmapped once converted); a GPU tensor, or a file that is not mapped, is read with large
-  positional reads (``os.preadv``) through a small pool of staging buffers (pinned for CUDA).
-  Memory beyond the model stays within the buffer budget.
+- Tensors that change dtype or go to a GPU: `stream_tensors` reads them with a few threads doing
+  large positional reads (``os.preadv``) into new tensors, in the order given, handing each back
+  as soon as it is complete; the new memory is faulted in with one call per chunk
+  (``MADV_POPULATE_WRITE``), not a page at a time inside the copy. A tensor that changes dtype
+  or goes to a GPU is read through a small pool of staging buffers (pinned for CUDA) and
+  converted or copied chunk by chunk, so memory beyond the model stays within the buffer
+  budget. (Converting straight from the shard's map would save the staging copy, but the
+  kernel maps whole large folios around each chunk, so the process's resident memory would
+  grow past that budget by an amount that depends on the page cache's state.)
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import struct
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -68,9 +70,8 @@ class CheckpointReader:
     "accel" (and "auto") serve tensors that stay in host memory in their stored dtype as views
     of a private map of their shard, as safetensors' own loader does: no copy and no fresh
     memory. A shard not in the page cache is brought in by `threads` threads faulting large
-    runs in, in the model's order. Tensors that change dtype are converted from that map into
-    new tensors; tensors bound for a GPU are read with large positional reads through staging
-    buffers. `map_cached=False`
+    runs in, in the model's order. Tensors that change dtype or go to a GPU are read with
+    large positional reads into new tensors (through staging buffers). `map_cached=False`
     reads every tensor into new memory instead of mapping. `overlap` (default True): the load
     returns while a cold shard is still coming in, and each module's forward first waits for
     its own tensors, so the first forward runs alongside the reading; False waits for all.
@@ -300,10 +301,8 @@ class _Engine:
         chunk: int,
         staging_count: int,
         stats: ReadStats,
-        maps: Mapping[str, mmap.mmap | None] | None = None,
     ) -> None:
         self.files, self.chunk, self.staging_count, self.stats = files, chunk, staging_count, stats
-        self.maps = maps or {}
         self._staging: dict[bool, _Staging] = {}
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -324,18 +323,6 @@ class _Engine:
         """Read elements [first, first + count) of `info` and copy them into `out` (flat)."""
         size = _itemsize(info.dtype)
         cuda = out.device.type == "cuda"
-        mapped = self.maps.get(info.path)
-        if not cuda and mapped is not None and not info.offset % size:
-            # Convert straight from the shard's mapped pages, brought in with one call: no
-            # staging copy. The map is private, and only read.
-            offset = info.offset + first * size
-            src = torch.frombuffer(mapped, dtype=info.dtype, count=count, offset=offset)
-            _populate(src.data_ptr(), count * size, _MADV_POPULATE_READ)
-            dest = out[first : first + count]
-            _populate(dest.data_ptr(), count * out.element_size(), _MADV_POPULATE_WRITE)
-            dest.copy_(src)
-            _unmap_inside(src.data_ptr(), count * size)
-            return
         pool = self.staging(cuda)
         buf = pool.free.get()
         try:
@@ -365,29 +352,13 @@ _MADV_POPULATE_WRITE = 23  # Linux 5.14+: fault pages in writable, in one call
 
 def _populate(address: int, nbytes: int, advice: int) -> None:
     """Fault the pages of [address, address + nbytes) in with one call: fresh memory before it
-    is written (not a fault per 4 KiB page inside the copy: a quarter less CPU here), or a
-    file's mapped pages before they are read (large reads). A hint: where the call is
-    missing, the copy faults the pages itself."""
+    is written, not a fault per 4 KiB page inside the copy (a quarter less CPU here). A hint:
+    where the call is missing, the copy faults the pages itself."""
     madvise = _libc_madvise()
     if madvise is None or nbytes <= 0:
         return
     start = address - address % mmap.PAGESIZE
     madvise(ctypes.c_void_p(start), ctypes.c_size_t(address + nbytes - start), advice)
-
-
-_MADV_DONTNEED = 4
-
-
-def _unmap_inside(address: int, nbytes: int) -> None:
-    """Drop the mapping of the whole pages inside [address, address + nbytes) of a private file
-    map once they are converted: the pages stay in the page cache, but are no longer counted in
-    the process's memory (as after a read into a buffer). Pages shared with neighbouring
-    tensors, which may be views of the same map, are left alone."""
-    madvise = _libc_madvise()
-    page = mmap.PAGESIZE
-    start, end = -(-address // page) * page, (address + nbytes) // page * page
-    if madvise is not None and end > start:
-        madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_DONTNEED)
 
 
 def _chunk_size(buffer_size: int, threads: int) -> int:
@@ -400,15 +371,12 @@ def stream_tensors(
     threads: int = DEFAULT_THREADS,
     buffer_size: int = DEFAULT_BUFFER_SIZE,
     stats: ReadStats | None = None,
-    maps: Mapping[str, mmap.mmap | None] | None = None,
 ) -> Iterator[tuple[ReadRequest, torch.Tensor]]:
     """Read each request into a new tensor; yield them in order, each as soon as it is complete.
 
     Up to `threads` reads run at once. The tensors allocated ahead of the consumer, plus the
     staging buffers, stay within `buffer_size` bytes (a single tensor larger than that is read
-    alone). `maps` (path -> private map of the file, from `map_file`) lets a dtype change on
-    the host convert straight from the mapped pages instead of through staging. Closing the
-    generator early stops the reads.
+    alone). Closing the generator early stops the reads.
     """
     stats = ReadStats() if stats is None else stats
     chunk = _chunk_size(buffer_size, threads)
@@ -416,7 +384,7 @@ def stream_tensors(
     pools = {r.device.type != "cpu" for r in requests if _needs_staging(r)}
     limit = buffer_size - len(pools) * staging_count * chunk
     files = _Files()
-    engine = _Engine(files, chunk, staging_count, stats, maps)
+    engine = _Engine(files, chunk, staging_count, stats)
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="accel-read")
     pending: deque[tuple[ReadRequest, torch.Tensor, list[Future], int]] = deque()
     ahead, index = 0, 0

@@ -127,9 +127,7 @@ def load_accel(
         for info, plan in work
     ]
     plans = iter(work)
-    stream = stream_tensors(
-        requests, reader.resolved_threads, reader.resolved_buffer_size, maps=maps
-    )
+    stream = stream_tensors(requests, reader.resolved_threads, reader.resolved_buffer_size)
     for request, tensor in stream:
         info, plan = next(plans)
         assert info is request.info
