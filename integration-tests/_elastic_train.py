@@ -25,9 +25,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
+from _resumable_train import prepare_and_resume  # the same model, data and Progress
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 from accel import Accelerator, ProjectConfiguration
 from accel.utils import set_seed
@@ -41,18 +40,6 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class Progress:
-    def __init__(self) -> None:
-        self.epoch = 0
-        self.step = 0
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "step": self.step}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch, self.step = state["epoch"], state["step"]
-
-
 def train(project: Path, stop_after: int = -1, hold: Sequence[str] = ()) -> None:
     set_seed(0)
     acc = Accelerator(
@@ -61,15 +48,7 @@ def train(project: Path, stop_after: int = -1, hold: Sequence[str] = ()) -> None
             project_dir=str(project), automatic_checkpoint_naming=True, fsync=False
         ),
     )
-    model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 1))
-    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
-    g = torch.Generator().manual_seed(1)
-    data = TensorDataset(torch.randn(48, 4, generator=g), torch.randn(48, 1, generator=g))
-    loader = DataLoader(data, batch_size=4, shuffle=True)
-    model, opt, loader = acc.prepare(model, opt, loader)
-    progress = Progress()
-    acc.register_for_checkpointing(progress)
-    resumed = acc.load_state_if_any()
+    model, opt, loader, progress, resumed = prepare_and_resume(acc)
     world = acc.num_processes
     holds = {int(s) for w, s in (h.split(":") for h in hold) if int(w) == world}
     start = {"resumed": resumed, "step": progress.step, "world": world, "rank": acc.process_index}

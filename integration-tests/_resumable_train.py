@@ -37,6 +37,20 @@ class Progress:
         self.epoch, self.step = state["epoch"], state["step"]
 
 
+def prepare_and_resume(acc: Accelerator) -> tuple:
+    """The model, optimizer and loader prepared, a Progress registered for checkpointing, and
+    the newest complete checkpoint loaded (its path, or None on a first start)."""
+    model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(1)
+    data = TensorDataset(torch.randn(48, 4, generator=g), torch.randn(48, 1, generator=g))
+    loader = DataLoader(data, batch_size=4, shuffle=True)
+    model, opt, loader = acc.prepare(model, opt, loader)
+    progress = Progress()
+    acc.register_for_checkpointing(progress)
+    return model, opt, loader, progress, acc.load_state_if_any()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("project")
@@ -55,15 +69,7 @@ def main() -> None:
             project_dir=str(project), automatic_checkpoint_naming=True
         ),
     )
-    model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 1))
-    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
-    g = torch.Generator().manual_seed(1)
-    data = TensorDataset(torch.randn(48, 4, generator=g), torch.randn(48, 1, generator=g))
-    loader = DataLoader(data, batch_size=4, shuffle=True)
-    model, opt, loader = acc.prepare(model, opt, loader)
-    progress = Progress()
-    acc.register_for_checkpointing(progress)
-    resumed = acc.load_state_if_any()
+    model, opt, loader, progress, resumed = prepare_and_resume(acc)
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     rank = acc.process_index
     (project / f"pid_{attempt}_{rank}").write_text(str(os.getpid()))
