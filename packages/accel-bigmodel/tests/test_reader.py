@@ -19,7 +19,15 @@ from accel_bigmodel import (
     load_offload_index,
 )
 from accel_bigmodel._placer import Placer
-from accel_bigmodel._reader import ReadRequest, ReadStats, read_header, stream_tensors
+from accel_bigmodel._reader import (
+    ReadRequest,
+    ReadStats,
+    is_cached,
+    map_file,
+    read_header,
+    stream_tensors,
+    warm_page_cache,
+)
 
 CPU = torch.device("cpu")
 
@@ -366,3 +374,27 @@ def test_cuda_target_streams_through_pinned_staging(tmp_path, dtype):
     result = load_checkpoint_in_model(model, path, device_map={"": 0}, dtype=dtype)
     assert result.unexpected_keys == ["big"]
     assert model.f32.device == cuda and model.i64.dtype == torch.int64
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise to evict")
+def test_warm_page_cache_reads_the_ranges_into_the_cache_in_parallel(tmp_path):
+    paths = []
+    for i in range(2):
+        path = tmp_path / f"shard{i}.bin"
+        path.write_bytes(os.urandom(20 * 2**20 + 12345))  # several 8 MiB reads, a ragged end
+        paths.append(str(path))
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    maps = [map_file(p) for p in paths]
+    if all(is_cached(m) for m in maps):
+        pytest.skip("this filesystem keeps the pages cached whatever is asked")
+    workers = warm_page_cache([(p, 0, os.path.getsize(p)) for p in paths], threads=3)
+    assert len(workers) == 3
+    for worker in workers:
+        worker.join(timeout=60)
+    assert all(is_cached(m, samples=10_000, window=1) for m in maps)
+    assert warm_page_cache([(p, 0, os.path.getsize(p)) for p in paths]) == []  # cached: skipped
+    assert warm_page_cache([]) == []

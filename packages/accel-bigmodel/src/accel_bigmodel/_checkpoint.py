@@ -5,7 +5,8 @@ folder with ``model.safetensors.index.json`` / ``pytorch_model.bin.index.json`` 
 ``{"metadata": {...}, "weight_map": {name: shard_file}}`` and the shards. The chosen reader
 (`_sources`) feeds each tensor to a `Placer`, which puts it where the device map says;
 tensors mapped to "disk" are not read at all when they sit in a safetensors shard in the right
-dtype: the offload index points at them in place, and the kernel is asked to read them ahead.
+dtype: the offload index points at them in place, and background threads read them into the
+page cache ahead of the forward (`_reader.warm_page_cache`).
 """
 
 from __future__ import annotations

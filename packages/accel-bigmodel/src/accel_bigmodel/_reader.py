@@ -683,34 +683,71 @@ def mapped_tensor(mapped: mmap.mmap, info: TensorInfo) -> torch.Tensor | None:
     return flat.view(info.shape)
 
 
-def warm_page_cache(ranges: Iterable[tuple[str, int, int]]) -> threading.Thread | None:
-    """Ask the kernel, from a background thread, to read (path, offset, nbytes) ranges ahead.
+WARM_THREADS = 4
+_WARM_READ = 8 * 2**20
+
+
+def warm_page_cache(
+    ranges: Iterable[tuple[str, int, int]], threads: int = WARM_THREADS
+) -> list[threading.Thread]:
+    """Read (path, offset, nbytes) ranges into the page cache ahead of use, from background
+    threads.
 
     Used for tensors left on disk and memory-mapped at run time: their pages arrive in forward
-    order with large reads while the model starts running, instead of one fault at a time.
-    It is a hint (posix_fadvise WILLNEED): it holds no memory of its own and errors are ignored.
+    order, read by `threads` threads issuing 8 MiB ``preadv`` calls (the disk's parallel
+    bandwidth, as `FaultIn` reads), while the model starts running, instead of one fault at a
+    time. A single ``posix_fadvise(WILLNEED)`` stream measured 1.4-1.5x the parallel read
+    floor here; 4 reading threads 1.0-1.07x. The reads land in one shared 8 MiB scratch buffer
+    whose contents are never looked at: the page cache is what is kept. Files already in the
+    page cache are skipped (copying them would only take CPU from the forward). It is a hint:
+    it holds no other memory, and errors are ignored. Returns the threads (daemons).
     """
-    if not hasattr(os, "posix_fadvise"):
-        return None
     ranges = list(ranges)
-    if not ranges:
-        return None
+    cached = {path: _file_is_cached(path) for path in {path for path, _, _ in ranges}}
+    jobs: deque[tuple[str, int, int]] = deque(
+        (path, start, min(_WARM_READ, offset + nbytes - start))
+        for path, offset, nbytes in ranges
+        if not cached[path]
+        for start in range(offset, offset + nbytes, _WARM_READ)
+    )
+    if not jobs or not hasattr(os, "preadv"):
+        return []
+    scratch = memoryview(bytearray(_WARM_READ))
 
     def run() -> None:
         fds: dict[str, int] = {}
         try:
-            for path, offset, nbytes in ranges:
+            while jobs:
+                try:
+                    path, start, length = jobs.popleft()
+                except IndexError:
+                    return
                 if path not in fds:
                     fds[path] = os.open(path, os.O_RDONLY)
-                for start in range(offset, offset + nbytes, _MAX_CHUNK):
-                    length = min(_MAX_CHUNK, offset + nbytes - start)
-                    os.posix_fadvise(fds[path], start, length, os.POSIX_FADV_WILLNEED)
+                os.preadv(fds[path], [scratch[:length]], start)
         except OSError:
             pass
         finally:
             for fd in fds.values():
                 os.close(fd)
 
-    thread = threading.Thread(target=run, name="accel-warm", daemon=True)
-    thread.start()
-    return thread
+    workers = [
+        threading.Thread(target=run, name="accel-warm", daemon=True)
+        for _ in range(min(threads, len(jobs)))
+    ]
+    for worker in workers:
+        worker.start()
+    return workers
+
+
+def _file_is_cached(path: str) -> bool:
+    try:
+        mapped = map_file(path)
+    except OSError:
+        return True  # nothing to read ahead that could be read
+    if mapped is None:
+        return False
+    try:
+        return is_cached(mapped)
+    finally:
+        mapped.close()
