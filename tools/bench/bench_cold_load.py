@@ -274,9 +274,10 @@ def report(mode: str, results: dict[str, list[dict]], size: int) -> None:
     best = min(sweep, key=lambda c: sweep[c]) if sweep else None
     floor = sweep[best] if best else median("floor")
     raw = median("raw")
+    rounds = max(map(len, results.values()))
     print(
-        f"\n{mode} cache: median (min..max) of {max(map(len, results.values()))} runs; parallel floor = "
-        f"{best} ({floor:.2f} s)"
+        f"\n{mode} cache: median (min..max) of {rounds} runs; parallel floor = {best} "
+        f"({floor:.2f} s)"
     )
     print(
         "| case | first output, s | spread | load returns, s | GB/s | vs parallel floor | "

@@ -295,13 +295,7 @@ class _Staging:
 class _Engine:
     """The work a reading thread does: direct reads, and staged reads with a copy."""
 
-    def __init__(
-        self,
-        files: _Files,
-        chunk: int,
-        staging_count: int,
-        stats: ReadStats,
-    ) -> None:
+    def __init__(self, files: _Files, chunk: int, staging_count: int, stats: ReadStats) -> None:
         self.files, self.chunk, self.staging_count, self.stats = files, chunk, staging_count, stats
         self._staging: dict[bool, _Staging] = {}
         self._local = threading.local()
@@ -350,15 +344,31 @@ _MADV_POPULATE_READ = 22  # Linux 5.14+: fault pages in (reading them) without c
 _MADV_POPULATE_WRITE = 23  # Linux 5.14+: fault pages in writable, in one call
 
 
-def _populate(address: int, nbytes: int, advice: int) -> None:
-    """Fault the pages of [address, address + nbytes) in with one call: fresh memory before it
-    is written, not a fault per 4 KiB page inside the copy (a quarter less CPU here). A hint:
-    where the call is missing, the copy faults the pages itself."""
+def _populate(address: int, nbytes: int, advice: int) -> bool:
+    """Fault the pages of [address, address + nbytes) in with one ``madvise`` call; False where
+    the call is missing or refused (the caller's copy or read then faults them itself).
+
+    POPULATE_WRITE: fresh memory before it is written, not a fault per 4 KiB page inside the
+    copy (a quarter less CPU here). POPULATE_READ: a file's mapped pages, read with large
+    requests into the page cache and mapped, without a copy (`FaultIn`).
+    """
     madvise = _libc_madvise()
     if madvise is None or nbytes <= 0:
-        return
+        return False
     start = address - address % mmap.PAGESIZE
-    madvise(ctypes.c_void_p(start), ctypes.c_size_t(address + nbytes - start), advice)
+    size = ctypes.c_size_t(address + nbytes - start)
+    return not madvise(ctypes.c_void_p(start), size, advice)
+
+
+def _read_range(fd: int, begin: int, end: int, scratch: memoryview) -> None:
+    """Read bytes [begin, end) of `fd` through `scratch` (their contents are not kept): the pages
+    land in the page cache. Stops quietly at the file's end."""
+    pos = begin
+    while pos < end:
+        n = os.preadv(fd, [scratch[: min(len(scratch), end - pos)]], pos)
+        if n <= 0:
+            return
+        pos += n
 
 
 def _chunk_size(buffer_size: int, threads: int) -> int:
@@ -577,19 +587,17 @@ class FaultIn:
             return self._jobs[self._next - 1]
 
     def _work(self) -> None:
-        madvise = _libc_madvise()
+        populate = True
         files = _Files()
         scratch: memoryview | None = None
         try:
             while (job := self._take()) is not None:
                 m, begin, end, members = job
-                if madvise is not None:
-                    address = ctypes.c_void_p(self._bases[m] + begin)
-                    if madvise(address, ctypes.c_size_t(end - begin), _MADV_POPULATE_READ):
-                        madvise = None  # not supported here: read through the page cache
-                if madvise is None:
+                if populate:  # not supported here: read through the page cache from now on
+                    populate = _populate(self._bases[m] + begin, end - begin, _MADV_POPULATE_READ)
+                if not populate:
                     scratch = scratch or memoryview(bytearray(min(_MAX_CHUNK, end - begin)))
-                    self._read(files.fd(self._paths[m]), begin, end, scratch)
+                    _read_range(files.fd(self._paths[m]), begin, end, scratch)
                 with self._cond:
                     for i in members:
                         self._remaining[i] -= 1
@@ -622,15 +630,6 @@ class FaultIn:
             if self._error is not None:
                 return
         callback()
-
-    @staticmethod
-    def _read(fd: int, begin: int, end: int, scratch: memoryview) -> None:
-        pos = begin
-        while pos < end:
-            n = os.preadv(fd, [scratch[: min(len(scratch), end - pos)]], pos)
-            if n <= 0:
-                return  # past the file's end: the map's own fault reports it on use
-            pos += n
 
     def wait(self, item: int) -> None:
         """Block until `item`'s pages are in; re-raise a reading thread's error.
@@ -702,6 +701,8 @@ def warm_page_cache(
     page cache are skipped (copying them would only take CPU from the forward). It is a hint:
     it holds no other memory, and errors are ignored. Returns the threads (daemons).
     """
+    if not hasattr(os, "preadv"):
+        return []
     ranges = list(ranges)
     cached = {path: _file_is_cached(path) for path in {path for path, _, _ in ranges}}
     jobs: deque[tuple[str, int, int]] = deque(
@@ -710,26 +711,23 @@ def warm_page_cache(
         if not cached[path]
         for start in range(offset, offset + nbytes, _WARM_READ)
     )
-    if not jobs or not hasattr(os, "preadv"):
+    if not jobs:
         return []
     scratch = memoryview(bytearray(_WARM_READ))
 
     def run() -> None:
-        fds: dict[str, int] = {}
+        files = _Files()
         try:
-            while jobs:
+            while True:
                 try:
                     path, start, length = jobs.popleft()
                 except IndexError:
                     return
-                if path not in fds:
-                    fds[path] = os.open(path, os.O_RDONLY)
-                os.preadv(fds[path], [scratch[:length]], start)
+                _read_range(files.fd(path), start, start + length, scratch)
         except OSError:
             pass
         finally:
-            for fd in fds.values():
-                os.close(fd)
+            files.close()
 
     workers = [
         threading.Thread(target=run, name="accel-warm", daemon=True)
