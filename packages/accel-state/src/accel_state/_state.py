@@ -35,6 +35,9 @@ class InitProcessGroupKwargs:
     backend: str | None = None
     init_method: str | None = None
     timeout: datetime.timedelta | float | None = None
+    # Further keywords of `torch.distributed.init_process_group` (pg_options, device_id, ...),
+    # as accelerate's `PartialState(**kwargs)` passes them through.
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.timeout is not None and not isinstance(self.timeout, datetime.timedelta):
@@ -44,6 +47,37 @@ class InitProcessGroupKwargs:
                     f"of seconds or a datetime.timedelta."
                 )
             object.__setattr__(self, "timeout", datetime.timedelta(seconds=self.timeout))
+        unknown = sorted(set(self.extra) - _passable_init_keywords())
+        if unknown:
+            raise TypeError(
+                f"init_process_group does not take {unknown}; it takes "
+                f"{sorted(_passable_init_keywords() | {'backend', 'init_method', 'timeout'})}. "
+                f"Remove them, or pass the rank and world size as num_processes / process_index."
+            )
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The fields that differ from the defaults, as accelerate's handlers give them."""
+        given = {"backend": self.backend, "init_method": self.init_method, "timeout": self.timeout}
+        return {k: v for k, v in given.items() if v is not None} | dict(self.extra)
+
+    @classmethod
+    def from_keywords(cls, keywords: dict[str, Any]) -> InitProcessGroupKwargs:
+        """Split `PartialState(**kwargs)`'s keywords into this record (unknown names refused)."""
+        known = {k: keywords.pop(k) for k in ("backend", "init_method", "timeout") if k in keywords}
+        return cls(**known, extra=keywords)
+
+
+@functools.cache
+def _passable_init_keywords() -> frozenset[str]:
+    """Keywords of `init_process_group` a caller may pass through (accel sets the rest)."""
+    import inspect
+
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return frozenset()
+    names = set(inspect.signature(dist.init_process_group).parameters)
+    return frozenset(names - {"backend", "init_method", "timeout", "rank", "world_size"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,11 +218,17 @@ class PartialState(ProcessControl):
         local_process_index: int | None = None,
         **kwargs: Any,
     ) -> None:
-        if kwargs:
-            raise TypeError(
-                f"PartialState got unknown arguments {sorted(kwargs)}; accepted: cpu, backend, "
-                f"init_process_group_kwargs, num_processes, process_index, local_process_index."
+        if kwargs.pop("_use_sagemaker_dp", None):
+            raise NotImplementedError(
+                "SageMaker's data-parallel library (_use_sagemaker_dp=True) is not supported by "
+                "accel; launch with torchrun or `accel launch` on the SageMaker instance instead."
             )
+        if kwargs:  # accelerate passes further keywords through to init_process_group
+            passed = InitProcessGroupKwargs.from_keywords(kwargs)
+            if init_process_group_kwargs is not None:
+                merged = init_process_group_kwargs.to_kwargs() | passed.to_kwargs()
+                passed = InitProcessGroupKwargs.from_keywords(merged)
+            init_process_group_kwargs = passed
         if PartialState._topology is None:
             PartialState._topology = _build_topology(
                 cpu=cpu,
@@ -371,8 +411,12 @@ def _build_topology(
         init_method = f"tcp://{info.master_addr}:{info.master_port or DEFAULT_MASTER_PORT}"
     if device.type != "cpu":
         torch.get_device_module(device.type).set_device(device)
-    extra = {"timeout": pg_kwargs.timeout} if pg_kwargs.timeout is not None else {}
-    if pg_kwargs.init_method is None and info.restart_count is not None and info.agent_store:
+    extra = dict(pg_kwargs.extra)
+    if pg_kwargs.timeout is not None:
+        extra["timeout"] = pg_kwargs.timeout
+    if "store" in extra:  # the caller's own store is the rendezvous
+        init_method = None
+    elif pg_kwargs.init_method is None and info.restart_count is not None and info.agent_store:
         # On the store of torchrun's agent, which outlives the workers: a fresh key space per
         # restart attempt (see _store). Without it, rank 0 hosts a new store each attempt;
         # no prefix then, as agents of an elastic run count their restarts apart.
