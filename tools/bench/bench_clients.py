@@ -71,7 +71,7 @@ def case_trainer(impl: str, steps: int) -> dict[str, float]:
 
     with tempfile.TemporaryDirectory() as out:
         args = TrainingArguments(out, per_device_train_batch_size=4, max_steps=steps,
-                                 use_cpu=True, report_to=[], save_strategy="no",
+                                 report_to=[], save_strategy="no",
                                  logging_strategy="no", disable_tqdm=True)  # fmt: skip
         model = LlamaForCausalLM(_tiny_config(big=False))
         trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[Stamp()])

@@ -10,7 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import BatchSampler, SequentialSampler
 
-from accel_data import BatchSamplerShard, IterableDatasetShard, SeedableRandomSampler
+from accel_data import (
+    BatchSamplerShard,
+    IterableDatasetShard,
+    SeedableRandomSampler,
+    prepare_data_loader,
+)
 
 FAST = settings(max_examples=60, deadline=None)
 
@@ -46,13 +51,14 @@ def test_batch_sampler_shard_covers_dataset(n, bs, world, drop_last, even, split
         assert seen == Counter(range(n // bs * bs))
     else:
         assert set(seen) == set(range(n))  # every sample seen at least once
-    if not even or drop_last:
+    padded = even and not drop_last and world > 1  # one process has nothing to even out
+    if not padded:
         assert all(c == 1 for c in seen.values())  # no padding: shards disjoint
-    if even or drop_last:
+    if padded or drop_last:
         assert len({len(b) for b in per_rank}) == 1  # same count everywhere
         per = bs // world if split else bs
         assert all(len(x) == per for b in per_rank for x in b)
-    if even and not drop_last:
+    if padded:
         # padding only completes the final global batch, with the earliest samples
         rounds = -(-n // total)
         assert sum(seen.values()) == rounds * total
@@ -82,11 +88,20 @@ def test_iterable_shard_covers_stream(n, bs, world, drop_last, split):
         assert len(s) == len(o)
     # interleave back into global batches: real samples first, padding (from the start) last
     part = total // world
-    merged = [
-        x for k in range(len(outs[0]) // part) for o in outs for x in o[k * part : (k + 1) * part]
-    ]
+    merged = (
+        outs[0]
+        if world == 1
+        else [
+            x
+            for k in range(len(outs[0]) // part)
+            for o in outs
+            for x in o[k * part : (k + 1) * part]
+        ]
+    )
     if drop_last:
         assert merged == list(range(n // total * total))
+    elif world == 1:  # one process: the stream as it is, its short batch kept short
+        assert outs[0] == list(range(n))
     else:
         assert merged[:n] == list(range(n))
         assert all(x in range(n) for x in merged[n:])
@@ -152,3 +167,14 @@ def test_split_errors_name_the_values() -> None:
         BatchSamplerShard(inner, 2, 2)
     with pytest.raises(ValueError, match="batch size 3 does not divide"):
         IterableDatasetShard(range(4), 3, num_processes=2, split_batches=True)
+
+
+def test_one_process_keeps_the_short_last_batch_as_accelerate_does() -> None:
+    # 66 samples in batches of 8: 8 full batches and one of 2, not one padded with repeats
+    # (a padded batch changes every loss averaged over it, whatever gather_for_metrics trims).
+    loader = torch.utils.data.DataLoader(range(66), batch_size=8)
+    batches = [b.tolist() for b in prepare_data_loader(loader, num_processes=1, process_index=0)]
+    assert [len(b) for b in batches] == [8] * 8 + [2]
+    assert batches[-1] == [64, 65]
+    stream = IterableDatasetShard(range(66), 8, False, 1, 0)
+    assert list(stream) == list(range(66)) and len(stream) == 66

@@ -397,7 +397,7 @@ def trl_common(out: str, **extra: Any) -> dict[str, Any]:
     return dict(
         output_dir=out, max_steps=4, per_device_train_batch_size=2, learning_rate=5e-3,
         lr_scheduler_type="constant", logging_steps=1, save_strategy="no", report_to=[],
-        use_cpu=True, disable_tqdm=True, seed=0, **extra,
+        disable_tqdm=True, seed=0, **extra,
     )  # fmt: skip
 
 
@@ -594,7 +594,7 @@ def group_trainer(work: Path) -> dict[str, Callable[[], dict[str, Any]]]:
         kwargs: dict[str, Any] = dict(
             output_dir=str(out), per_device_train_batch_size=4, per_device_eval_batch_size=4,
             max_steps=4, learning_rate=5e-3, lr_scheduler_type="constant", logging_steps=1,
-            save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, seed=0,
+            save_strategy="no", report_to=[], disable_tqdm=True, seed=0,
         )  # fmt: skip
         kwargs.update(overrides)
         trainer = Trainer(

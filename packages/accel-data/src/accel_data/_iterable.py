@@ -17,7 +17,8 @@ class IterableDatasetShard(IterableDataset):
     `batch_size * num_processes` samples (`batch_size` with `split_batches`) and yields its
     own `batch_size` (or `batch_size // num_processes`) samples of each. The final, short
     global batch is dropped with `drop_last`, else completed by cycling through the first
-    samples of the stream, so every process yields the same number of samples.
+    samples of the stream, so every process yields the same number of samples (one process
+    keeps the short batch: there is nothing to even out).
 
     The length of a stream is often unknown, so the remainder is found at its end:
     `last_batch_real` holds the number of real samples in the final global batch of the last
@@ -69,6 +70,8 @@ class IterableDatasetShard(IterableDataset):
         if not isinstance(self.dataset, Sized):
             raise TypeError(f"{type(self.dataset).__name__} has no length")
         full, rest = divmod(len(self.dataset), self.total_batch_size)
+        if self.num_processes == 1 and not self.drop_last:
+            return len(self.dataset)
         batches = full if self.drop_last or rest == 0 else full + 1
         return batches * self.process_batch_size
 
@@ -86,6 +89,9 @@ class IterableDatasetShard(IterableDataset):
                 buffer = []
         self.last_batch_real = len(buffer) if not self.drop_last else 0
         if self.drop_last or not buffer:
+            return
+        if self.num_processes == 1:  # nothing to even out: the short batch stays short
+            yield from buffer
             return
         seed = first if first is not None else list(buffer)
         k = 0

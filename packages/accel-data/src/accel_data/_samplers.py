@@ -73,7 +73,8 @@ class BatchSamplerShard(BatchSampler):
     The final, incomplete global batch:
     - `drop_last` (of the wrapped batch sampler): dropped, every process gets the same count;
     - `even_batches=True`: completed by cycling through the first indices of the epoch, so
-      every process gets the same number of full batches; the duplicates come last;
+      every process gets the same number of full batches; the duplicates come last (one
+      process keeps its short batch: nothing needs evening, as with accelerate);
     - `even_batches=False`: left short; some processes get one batch fewer (see `__len__`).
 
     `last_round_real` is the number of real (not padded) indices in the final global batch of
@@ -154,7 +155,7 @@ class BatchSamplerShard(BatchSampler):
         if self.drop_last:
             self.last_round_real = 0
             return
-        if not self.even_batches:
+        if not self.even_batches or p == 1:  # one process: its short batch is already even
             if me < len(pending):
                 yield pending[me]
             return
@@ -204,7 +205,7 @@ class BatchSamplerShard(BatchSampler):
                     f"indices, more than its batch_size {size}."
                 )
             self.last_round_real = len(batch)
-            if self.even_batches:
+            if self.even_batches and p > 1:
                 batch = batch + [first[k % len(first)] for k in range(size - len(batch))]
             if batch[mine]:
                 yield batch[mine]
