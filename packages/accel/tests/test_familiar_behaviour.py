@@ -127,12 +127,19 @@ def test_gradient_state_is_one_shared_state_that_libraries_read() -> None:
     from torch.utils.data import DataLoader
 
     from accel import GradientState
+    from accel.utils import GradientAccumulationPlugin
 
     GradientState._reset_state()
     assert GradientState().num_steps == 1 and GradientState().sync_gradients
     acc = Accelerator(cpu=True, gradient_accumulation_steps=3)
     reader = GradientState()  # what a library or a callback creates on its own
-    assert reader.num_steps == 3 and reader.plugin_kwargs["num_steps"] == 3
+    assert reader.num_steps == 3 and reader.plugin_kwargs == {"num_steps": 3}  # non-defaults
+    Accelerator(
+        cpu=True,
+        gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=2, sync_each_batch=True),
+    )
+    assert GradientState().plugin_kwargs == {"num_steps": 2, "sync_each_batch": True}
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=3)
     model = nn.Linear(2, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     loader = DataLoader(torch.randn(7, 2), batch_size=1)

@@ -71,7 +71,14 @@ class GradientState:
 
     @property
     def plugin_kwargs(self) -> dict[str, Any]:
-        return dataclasses.asdict(self.plugin)
+        """The plugin's settings that differ from the defaults, as accelerate reports them
+        (`num_steps` always: accelerate's plugin has no default for it)."""
+        default = GradientAccumulationPlugin()
+        return {
+            k: v
+            for k, v in dataclasses.asdict(self.plugin).items()
+            if k == "num_steps" or v != getattr(default, k)
+        }
 
     adjust_scheduler = property(lambda self: self.plugin.adjust_scheduler)
     sync_with_dataloader = property(lambda self: self.plugin.sync_with_dataloader)
