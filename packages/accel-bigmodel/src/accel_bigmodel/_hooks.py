@@ -389,9 +389,10 @@ def attach_align_device_hook_on_blocks(
             return
     if not isinstance(offload, Mapping):
         offload = dict.fromkeys(execution_device, offload)
-    if module_name in execution_device and isinstance(module, (nn.ModuleList, nn.ModuleDict)):
-        # A container is never called, so a hook on it would never run: each child gets the
-        # container's placement as a block of its own.
+    if module_name in execution_device and type(module).forward is nn.Module.forward:
+        # A container (ModuleList, ModuleDict, any module without a forward of its own: the
+        # parent calls its children) is never called, so a hook on it would never run: each
+        # child gets the container's placement as a block of its own.
         children = [f"{module_name}.{name}" for name, _ in module.named_children()]
         execution_device = {
             **execution_device,
