@@ -1,5 +1,5 @@
 """The loaders built directly, as a DataLoader is (accelerate's constructors), and what a
-resume into a shorter loader says."""
+resume into another loader does."""
 
 from __future__ import annotations
 
@@ -112,18 +112,44 @@ def test_device_mesh_counts_data_parallel_ranks() -> None:
     assert [ids(b) for b in loader] == [[2, 3], [6, 7]]
 
 
-def test_resuming_past_the_end_of_a_shorter_loader_says_so() -> None:
+def test_a_position_saved_by_another_loader_warns_and_starts_at_the_beginning() -> None:
     long = prepare_data_loader(DataLoader(Ids(20), batch_size=2), num_processes=1, process_index=0)
     it = iter(long)
     for _ in range(7):
         next(it)
     state = long.state_dict()
+    # The manual recipe that works with accelerate: a loader over the samples not yet seen.
+    rest = prepare_data_loader(
+        DataLoader(torch.utils.data.Subset(Ids(20), range(14, 20)), batch_size=2),
+        num_processes=1, process_index=0,
+    )  # fmt: skip
+    with pytest.warns(UserWarning, match=r"dataset_length 20 then, 6 now.*starts at its begin"):
+        rest.load_state_dict(state)
+    assert [ids(b) for b in rest] == [[14, 15], [16, 17], [18, 19]]
+    for other in (  # another batch size, sampler kind, number of processes
+        DataLoader(Ids(20), batch_size=4),
+        DataLoader(Ids(20), batch_size=2, shuffle=True),
+    ):
+        loader = prepare_data_loader(other, num_processes=1, process_index=0)
+        with pytest.warns(UserWarning, match="saved by another loader"):
+            loader.load_state_dict(state)
+        assert len(list(loader)) == len(loader)
+    two = prepare_data_loader(DataLoader(Ids(20), batch_size=2), num_processes=2, process_index=0)
+    with pytest.warns(UserWarning, match="num_processes 1 then, 2 now"):
+        two.load_state_dict(state)
+    # A state written before the loader was recorded: a position past the end warns too.
     short = prepare_data_loader(DataLoader(Ids(8), batch_size=2), num_processes=1, process_index=0)
-    with pytest.raises(ValueError, match="batch 7 of epoch 0: this loader has only 4 batches"):
-        short.load_state_dict(state)
-    at_end = dict(state, batches_yielded=4)  # the end of the epoch is a valid position
-    short.load_state_dict(at_end)
-    assert list(short) == [] and ids(next(iter(short))) == [0, 1]
+    old = {k: v for k, v in state.items() if k != "loader"}
+    with pytest.warns(UserWarning, match="7 batches read, this loader has 4 per epoch"):
+        short.load_state_dict(old)
+    assert ids(next(iter(short))) == [0, 1]
+    # The same loader resumes exactly, and skip_first_batches after a refused state works.
+    same = prepare_data_loader(DataLoader(Ids(20), batch_size=2), num_processes=1, process_index=0)
+    same.load_state_dict(state)
+    assert ids(next(iter(same))) == [14, 15]
+    with pytest.warns(UserWarning):
+        rest.load_state_dict(state)
+    assert [ids(b) for b in skip_first_batches(rest, 1)] == [[16, 17], [18, 19]]
     with pytest.raises(TypeError, match="use_stateful_dataloader=True"):
         SkipDataLoader(range(4), batch_size=2).load_state_dict({})
 

@@ -194,9 +194,12 @@ def test_skip_first_batches_after_load_state_does_not_skip_twice(tmp_path: Path)
     assert run(True) == full[3:]
 
 
-def test_load_state_into_a_loader_shorter_than_the_saved_position_is_an_error(
+def test_load_state_into_a_loader_over_the_unseen_samples_starts_it_at_its_beginning(
     tmp_path: Path,
 ) -> None:
+    # accelerate's manual recipe: after load_state, a loader over the samples not yet seen
+    # (accelerate restores no position for plain loaders). The saved position belongs to
+    # another loader: a warning names both, and nothing is skipped.
     acc = Accelerator(cpu=True)
     loader = acc.prepare(DataLoader(IdData(16), batch_size=2))
     for i, _ in enumerate(loader):
@@ -204,9 +207,16 @@ def test_load_state_into_a_loader_shorter_than_the_saved_position_is_an_error(
             acc.save_state(tmp_path / "ck")
             break
     acc2 = Accelerator(cpu=True)
-    acc2.prepare(DataLoader(IdData(6), batch_size=2))  # 3 batches now, 6 were yielded
-    with pytest.raises(ValueError, match="batch 6 of epoch 0: this loader has only 3 batches"):
+    rest = acc2.prepare(
+        DataLoader(torch.utils.data.Subset(IdData(16), range(12, 16)), batch_size=2)
+    )
+    with pytest.warns(UserWarning, match=r"batch 6 of epoch 0.*dataset_length 16 then, 4 now"):
         acc2.load_state(tmp_path / "ck")
+    assert [b["id"].tolist() for b in rest] == [[12, 13], [14, 15]]
+    # skip_first_batches after load_state keeps working on such a loader.
+    with pytest.warns(UserWarning, match="another loader"):
+        acc2.load_state(tmp_path / "ck")
+    assert [b["id"].tolist() for b in acc2.skip_first_batches(rest, 1)] == [[14, 15]]
 
 
 def test_save_hooks_see_models_and_can_be_removed(tmp_path: Path) -> None:

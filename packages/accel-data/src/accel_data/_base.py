@@ -369,14 +369,31 @@ class _PreparedLoader(DataLoaderAdapter, DataLoaderStateMixin):
             "generator_state": _epoch_start(self._gen_state, loader_gen),
             "order_generator_state": _epoch_start(self._order_state, order_gen),
             "num_processes": self.num_processes,
+            "loader": self._identity(),
+        }
+
+    def _identity(self) -> dict[str, Any]:
+        """What makes a saved position this loader's: its data, batching and order."""
+        kind = "stream"
+        if self._resume is not None:
+            inner = self._resume.batch_sampler
+            while hasattr(inner, "batch_sampler"):
+                inner = inner.batch_sampler
+            kind = type(getattr(inner, "sampler", None) or inner).__name__
+        return {
+            "dataset_length": self.total_dataset_length,
+            "total_batch_size": self._total_batch_size,
+            "sampler": kind,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore a position: the next iteration yields exactly what an unbroken run would.
 
         Takes what `state_dict()` returned, or, over torchdata's StatefulDataLoader, a state
-        dict of torchdata's own. A position past the end of this loader's epoch (the dataset,
-        batch size or number of processes changed since the save) raises a ValueError.
+        dict of torchdata's own. A position saved by another loader (another dataset length,
+        global batch size, sampler or number of processes; a loader built over the samples
+        not yet seen, say) is not applied: a warning names both and this loader starts at its
+        beginning, as accelerate's loaders do (`skip_first_batches` still skips).
         """
         missing = {"epoch", "batches_yielded", "num_processes"} - set(state_dict)
         if len(missing) == 3 and self._is_stateful:  # torchdata's own state dict
@@ -389,14 +406,18 @@ class _PreparedLoader(DataLoaderAdapter, DataLoaderStateMixin):
                 f"not a data loader state dict: missing {sorted(missing)}; expected the dict "
                 f"returned by state_dict() of a DataLoaderShard or DataLoaderDispatcher"
             )
-        if state_dict["num_processes"] != self.num_processes:
-            raise ValueError(
-                f"the loader state was saved with num_processes={state_dict['num_processes']} "
-                f"but this loader has num_processes={self.num_processes}; a mid-epoch position "
-                f"only resumes on the same number of processes (start the epoch over instead)"
-            )
         position = int(state_dict["batches_yielded"])
-        self._check_position(position, int(state_dict["epoch"]))
+        other = self._other_loader(state_dict, position)
+        if other is not None:
+            warnings.warn(
+                f"load_state_dict: the saved data position (batch {position} of epoch "
+                f"{state_dict['epoch']}) was saved by another loader ({other}), so it is not "
+                f"applied: this loader starts at its beginning, as accelerate's does. Prepare "
+                f"the loader as in the saved run to resume exactly, or skip what was consumed "
+                f"with skip_first_batches.",
+                stacklevel=2,
+            )
+            return
         seed = state_dict.get("seed")
         if seed is not None and self._seedable is not None:
             self._seedable.seed = int(seed)
@@ -413,20 +434,20 @@ class _PreparedLoader(DataLoaderAdapter, DataLoaderStateMixin):
         self._order_state = self._pending_order_state
         self._apply_epoch()
 
-    def _check_position(self, position: int, epoch: int) -> None:
-        """Refuse a saved position that this loader's epoch does not reach."""
-        try:
+    def _other_loader(self, state: dict[str, Any], position: int) -> str | None:
+        """How the loader that saved `state` differs from this one (None: it is this one)."""
+        saved = {"num_processes": state["num_processes"], **state.get("loader", {})}
+        now = {"num_processes": self.num_processes, **self._identity()}
+        differ = [k for k in saved if k in now and saved[k] != now[k]]
+        if differ:
+            return ", ".join(f"{k} {saved[k]!r} then, {now[k]!r} now" for k in differ)
+        try:  # a state written before the loader was recorded: its position must fit
             length = len(self)
-        except TypeError:  # a stream of unknown length: checked only by reading it
-            return
+        except TypeError:  # a stream of unknown length
+            return None
         if position > length:
-            raise ValueError(
-                f"cannot resume at batch {position} of epoch {epoch}: this loader has only "
-                f"{length} batches per epoch, so resuming would yield nothing. The dataset, the "
-                f"batch size or the number of processes changed since the state was saved. "
-                f"Prepare the loader as in the saved run, or start epoch {epoch} over by not "
-                f"loading the data position (set 'batches_yielded' to 0 in the saved state)."
-            )
+            return f"{position} batches read, this loader has {length} per epoch"
+        return None
 
     def _skip_next(self, num_batches: int) -> None:
         """Start the next iteration at batch `num_batches` of the current epoch."""

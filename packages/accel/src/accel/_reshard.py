@@ -32,6 +32,8 @@ def continue_data_position(
     """
     yielded = int(state.get("batches_yielded") or 0)
     state = {**state, "num_processes": num_processes}
+    if "loader" in state:  # the position is converted to this run's global batches
+        state["loader"] = {**state["loader"], "total_batch_size": now_total}
     if yielded == 0 or saved_total == now_total:
         return state, None
     if saved_total is None or now_total is None:
