@@ -141,8 +141,6 @@ def test_values_accel_cannot_honour_are_refused(argv, expected, tmp_path, capsys
     [
         ("distributed_type: XLA\n", "TPU"),
         ("parallelism_config:\n  parallelism_config_sp_size: 2\n", "DeepSpeed-Ulysses"),
-        ("downcast_bf16: 'yes'\n", "downcast_bf16"),
-        ("tpu_env: [A=1]\n", "tpu_env"),
         ("dynamo_config:\n  dynamo_backend: NVPRIMS_NVFUSER\n", "nvFuser"),
         ("mixed_precision: fp8\nfp8_config:\n  backend: MSAMP\n", "MS-AMP"),
     ],
@@ -155,6 +153,23 @@ def test_config_keys_accel_does_not_provide_are_refused(text, expected, tmp_path
     assert main(["launch", "--dry_run", "--config_file", str(cfg), str(script)]) == 2
     err = capsys.readouterr().err
     assert expected in err and str(cfg) in err
+
+
+def test_a_config_written_for_tpu_config_launches_with_a_note(tmp_path, capsys):
+    # accelerate's tests/test_configs/latest.yaml shape: keys only `tpu-config` (or a TPU
+    # launch) reads, beside a distributed_type that is not XLA. accelerate launches it.
+    cfg = tmp_path / "latest.yaml"
+    cfg.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nmixed_precision: 'no'\n"
+        "num_processes: 1\nuse_cpu: false\ndowncast_bf16: 'yes'\ntpu_env: [A=1]\n"
+        "tpu_name: test-tpu\ntpu_zone: us-central1-a\ncommand_file: commands.sh\n"
+        "commands: [echo hello]\n"
+    )
+    script = tmp_path / "s.py"
+    script.write_text("")
+    assert main(["launch", "--dry_run", "--config_file", str(cfg), str(script)]) == 0
+    err = capsys.readouterr().err
+    assert "sets downcast_bf16, tpu_name, tpu_zone, command_file, commands, tpu_env" in err
 
 
 def _dry_run(capsys, *argv: str) -> tuple[list[str], dict[str, str]]:
@@ -282,7 +297,14 @@ def test_multi_gpu_uses_every_visible_gpu(tmp_path, capsys, monkeypatch):
     script.write_text("")
     monkeypatch.setattr(cli, "visible_gpus", lambda environ: 0)
     assert main(["launch", "--dry_run", "--multi_gpu", str(script)]) == 2
-    assert "--multi_gpu needs GPUs" in capsys.readouterr().err
+    assert "Pass --num_processes N to start N processes on the CPU" in capsys.readouterr().err
+    # No GPU, a count given: accelerate's launch starts that many CPU processes over gloo.
+    assert main(["launch", "--dry_run", "--multi_gpu", "--num_processes", "2", str(script)]) == 0
+    out = capsys.readouterr()
+    assert "no GPU visible: starting the processes on the CPU over gloo" in out.err
+    cmd = out.out.splitlines()[0].split()
+    assert cmd[cmd.index("--nproc-per-node") + 1] == "2"
+    assert '"cpu": true' in out.out
     monkeypatch.setattr(cli, "visible_gpus", lambda environ: 3)
     cmd, env = _dry_run(capsys, "--multi_gpu", str(script))
     assert cmd[cmd.index("--nproc-per-node") + 1] == "3"

@@ -105,7 +105,10 @@ def test_flag_beats_file_with_a_notice_naming_both(tmp_path):
     assert not any("num_processes" in n for n in res.notices)
 
 
-def test_refused_keys_and_yaml_quirks(tmp_path):
+def test_tpu_only_keys_are_noted_and_yaml_quirks(tmp_path):
+    # Keys only a TPU launch or `tpu-config` reads (a config written for tpu-config, as
+    # accelerate's tests/test_configs/latest.yaml): accelerate launches it when its
+    # distributed_type is not XLA, and so does accel, noting them.
     path = write(
         tmp_path,
         """\
@@ -114,12 +117,16 @@ def test_refused_keys_and_yaml_quirks(tmp_path):
         num_processes: -1
         main_training_function: train
         tpu_name: my-tpu
+        tpu_zone: us-central1-a
+        command_file: tests/test_samples/test_command_file.sh
         fp16: true
         """,
     )
     file = load_config_file(path)
-    assert [r.split(":")[0] for r in file.refused] == ["main_training_function", "tpu_name"]
-    assert "TPU" in file.refused[1] and "notebook_launcher" in file.refused[0]
+    assert file.refused == ()
+    assert file.noted == ("main_training_function", "tpu_name", "tpu_zone", "command_file")
+    xla = load_config_file(write(tmp_path, "distributed_type: XLA\ntpu_name: my-tpu\n", "xla.yaml"))
+    assert [r.split(":")[0] for r in xla.refused] == ["distributed_type"]
     cfg = resolve_launch_config({}, file).config
     # YAML reads a bare `no` as false; -1 is accelerate's "unset"; MULTI_CPU means the CPU.
     assert cfg.mixed_precision == "no" and cfg.num_processes == 1 and cfg.cpu is True

@@ -137,11 +137,11 @@ def config_from_data(
     mpirun = data.get("mpirun_config") or {}
     if mpirun.get("mpirun_hostfile"):
         values["mpirun_hostfile"] = mpirun["mpirun_hostfile"]
+    given = {**data, **{f"mpirun_config.{k}": v for k, v in mpirun.items()}}
     noted = tuple(
-        f"mpirun_config.{k}"
-        for k in mpirun
-        if not _schema.is_inert(mpirun[k], _schema.NOTED_KEYS.get(f"mpirun_config.{k}"))
-        and f"mpirun_config.{k}" in _schema.NOTED_KEYS
+        key
+        for key, inert in _schema.NOTED_KEYS.items()
+        if key in given and not _schema.is_inert(given[key], inert)
     )
     return ConfigFile(
         path=path,

@@ -183,23 +183,21 @@ _SAGEMAKER = (
     "the SageMaker SDK)"
 )
 # accelerate keys accel does not provide: (the value that asks for nothing, why and instead).
-REFUSED_KEYS: dict[str, tuple[Any, str]] = {
-    "main_training_function": (
-        "main",
-        "accelerate calls it only to start TPU workers; accel runs the script as __main__ "
-        "(call your function under `if __name__ == '__main__':`, or use "
-        "accel.notebook_launcher(function) in a notebook)",
-    ),
-    "downcast_bf16": (False, "it is the TPU's bf16 downcast; " + _TPU),
-    "tpu_name": (None, _TPU),
-    "tpu_zone": (None, _TPU),
-    "tpu_use_cluster": (False, _TPU),
-    "tpu_use_sudo": (False, _TPU),
-    "command_file": (None, _TPU),
-    "commands": (None, _TPU),
-    "tpu_vm": (None, _TPU),
-    "tpu_env": (None, _TPU),
-    **dict.fromkeys(_SAGEMAKER_KEYS, (None, _SAGEMAKER)),
+REFUSED_KEYS: dict[str, tuple[Any, str]] = dict.fromkeys(_SAGEMAKER_KEYS, (None, _SAGEMAKER))
+# Keys only a TPU launch or `tpu-config` reads (the value that asks for nothing): accelerate's
+# launch passes over them unless distributed_type is XLA (refused), so a config written for
+# `tpu-config` launches as it does with accelerate; the launch notes them.
+TPU_ONLY_KEYS: dict[str, Any] = {
+    "main_training_function": "main",
+    "downcast_bf16": False,
+    "tpu_name": None,
+    "tpu_zone": None,
+    "tpu_use_cluster": False,
+    "tpu_use_sudo": False,
+    "command_file": None,
+    "commands": None,
+    "tpu_vm": None,
+    "tpu_env": None,
 }
 # Keys of sections accel does not provide: set to anything, they are refused.
 REFUSED_SECTIONS: dict[str, str] = {}
@@ -209,10 +207,10 @@ REFUSED_TYPES: dict[str, str] = {
 }
 
 # Accepted and not acted on, by accelerate's launch either.
-NOTED_KEYS: dict[str, Any] = {"mpirun_config.mpirun_ccl": None}
+NOTED_KEYS: dict[str, Any] = {"mpirun_config.mpirun_ccl": None, **TPU_ONLY_KEYS}
 
 ALL_KEYS = frozenset(
-    (*USED_KEYS, *SPECIAL_KEYS, *HANDED_DOWN_KEYS, *REFUSED_KEYS, *CHECKED_SECTIONS)
+    (*USED_KEYS, *SPECIAL_KEYS, *HANDED_DOWN_KEYS, *REFUSED_KEYS, *TPU_ONLY_KEYS, *CHECKED_SECTIONS)
 )
 
 

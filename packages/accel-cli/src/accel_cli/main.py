@@ -121,7 +121,10 @@ def launch_command(args: argparse.Namespace) -> int:
         flags.pop("multi_gpu", None)
     file = _load(args.config_file, os.environ)
     if flags.get("multi_gpu"):
-        flags.update(_multi_gpu_processes(flags, file))
+        on_cpu = _multi_gpu_processes(flags, file)
+        flags.update(on_cpu)
+        if on_cpu.get("cpu"):  # no GPU here: --multi_gpu means several CPU processes
+            flags.pop("multi_gpu")
     resolution = resolve_launch_config(flags, file, _slurm(flags))
     check_launch(resolution.config, given, file)
     _report(file, resolution, args.quiet)
@@ -130,6 +133,9 @@ def launch_command(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"The script {args.training_script!r} does not exist (pass -m to run a module)."
         )
+    hostfile = config.mpirun_hostfile
+    if hostfile is not None and not Path(hostfile).expanduser().is_file():
+        raise ConfigError(f"mpirun_hostfile {hostfile!r} does not exist.")
     cmd = build_command(
         config, args.training_script, args.training_script_args, module=bool(args.module)
     )
@@ -153,19 +159,27 @@ def launch_command(args: argparse.Namespace) -> int:
 
 
 def _multi_gpu_processes(flags: Mapping[str, object], file: ConfigFile | None) -> dict:
-    """--multi_gpu: one process per visible GPU on each machine unless a count was given;
-    an error without GPUs."""
+    """--multi_gpu: one process per visible GPU on each machine unless a count was given.
+    Without GPUs, the count given runs as CPU processes over gloo (as accelerate's launch
+    does), with a warning; without GPUs and without a count there is nothing to start."""
     if flags.get("cpu"):
         return {}  # LaunchConfig reports the contradiction
     count = visible_gpus(os.environ)
+    file_values = file.values if file is not None else {}
+    counted = "num_processes" in flags or file_values.get("num_processes", -1) != -1
+    if count == 0 and counted:
+        _say(
+            "warning: --multi_gpu, but this machine has no GPU visible: starting the processes "
+            "on the CPU over gloo (pass --cpu to say so)."
+        )
+        return {"cpu": True}
     if count == 0:
         raise ConfigError(
-            "--multi_gpu needs GPUs and this machine has none visible (no GPU driver, or "
-            "CUDA_VISIBLE_DEVICES hides them). For several CPU processes use --cpu "
-            "--num_processes N."
+            "--multi_gpu needs GPUs to count processes by, and this machine has none visible "
+            "(no GPU driver, or CUDA_VISIBLE_DEVICES hides them). Pass --num_processes N to "
+            "start N processes on the CPU, or use --cpu --num_processes N."
         )
-    file_values = file.values if file is not None else {}
-    if "num_processes" in flags or file_values.get("num_processes", -1) != -1:
+    if counted:
         return {}
     if flags.get("gpu_ids", file_values.get("gpu_ids")) not in (None, "all"):
         return {}  # one process per listed GPU (the resolver's default)
