@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from accel_cli._config import ConfigError
 from accel_cli._deepspeed import deepspeed_command, uses_deepspeed_runner
@@ -148,20 +149,27 @@ def build_command(
     return [*cmd, "--no-python", *program]
 
 
-def find_mpirun(which: Callable[[str], str | None] | None = None) -> tuple[str, str]:
-    """(path, flavour) of the MPI launcher on PATH: "openmpi", or "hydra" (MPICH, Intel MPI,
-    MVAPICH). Raises ConfigError naming what to install when there is none."""
-    which = which or shutil.which
+def _mpi_version(name: str) -> str:
+    return subprocess.run([name, "--version"], capture_output=True, text=True, timeout=30).stdout
+
+
+def find_mpirun(
+    which: Callable[[str], Any] | None = None, version: Callable[[str], Any] | None = None
+) -> tuple[str, str]:
+    """(name, flavour) of the MPI launcher on PATH: "openmpi", or "hydra" (MPICH, Intel MPI,
+    MVAPICH), told apart by what `version(name)` prints. Raises ConfigError naming what to
+    install when there is none. `which` / `version`: lookups to use instead (accelerate's
+    tests replace them)."""
+    which, version = which or shutil.which, version or _mpi_version
     for name in ("mpirun", "mpiexec"):
-        path = which(name)
-        if path:
+        if which(name):
             try:
-                version = subprocess.run(
-                    [path, "--version"], capture_output=True, text=True, timeout=30
-                ).stdout
+                printed = version(name)
             except (OSError, subprocess.SubprocessError):
-                version = ""
-            return path, "openmpi" if "Open MPI" in version else "hydra"
+                printed = ""
+            if isinstance(printed, bytes):
+                printed = printed.decode(errors="replace")
+            return name, "openmpi" if "Open MPI" in printed else "hydra"
     raise ConfigError(
         "--mpirun_hostfile needs mpirun (or mpiexec) on PATH and there is none. Install an MPI: "
         "Open MPI (`apt install openmpi-bin` or `conda install openmpi`), MPICH (`apt install "
@@ -176,8 +184,6 @@ def mpirun_command(
     launch configuration exported to each process."""
     path, flavour = mpirun
     hostfile = os.path.expanduser(config.mpirun_hostfile or "")
-    if not os.path.isfile(hostfile):
-        raise ConfigError(f"mpirun_hostfile {config.mpirun_hostfile!r} does not exist.")
     per_node, total = str(config.nproc_per_node), str(config.num_processes)
     if flavour == "openmpi":
         exported = (ENV_ACCEL_CONFIG, ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_OMP_NUM_THREADS)

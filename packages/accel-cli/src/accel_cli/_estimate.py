@@ -194,7 +194,7 @@ def estimate_command(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ConfigError(f"--{name} {value}: expected at least 1.")
-    shape = load_shape(args.source, os.environ)
+    shape = load_shape(args.model_name, os.environ)
     dtypes = list(dict.fromkeys(args.dtypes))
     report = estimate(
         shape,

@@ -169,16 +169,32 @@ def _validate_launch_command(args: argparse.Namespace) -> tuple[argparse.Namespa
     return args, defaults, from_file and getattr(view, "mixed_precision", None) is None
 
 
-def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
-    """(command, environment) of the child `accel launch` starts for `args`."""
-    from accel_cli._command import build_command, build_env, physical_cores, with_rendezvous
+def prepare_simple_launcher_cmd_env(
+    args: argparse.Namespace, *, which: Any = None, mpi_version: Any = None
+) -> tuple[list[str], dict[str, str]]:
+    """(command, environment) of the child `accel launch` starts for `args`. `which` and
+    `mpi_version` find the MPI launcher of a hostfile run (see `find_mpirun`)."""
+    from accel_cli._command import (
+        build_command,
+        build_env,
+        find_mpirun,
+        physical_cores,
+        with_rendezvous,
+    )
 
     view, _, config = _resolution(args)
     if view.no_python and view.module:
         raise ValueError("--module and --no_python cannot be used together; pick one.")
     config = with_rendezvous(config)
+    mpirun = None
+    if config.mpirun_hostfile is not None:
+        mpirun = find_mpirun(which, mpi_version)
     cmd = build_command(
-        config, view.training_script, view.training_script_args, module=bool(view.module)
+        config,
+        view.training_script,
+        view.training_script_args,
+        module=bool(view.module),
+        mpirun=mpirun,
     )
     cores = physical_cores() if config.cpu and config.nproc_per_node > 1 else None
     return cmd, build_env(config, os.environ, cpu_cores=cores)

@@ -218,7 +218,10 @@ def _add_estimate(sub: argparse._SubParsersAction) -> None:
         "per dtype the largest layer, the total and training with Adam, then per-process "
         "figures for DDP, FSDP2 and ZeRO-1/2/3 and an activation estimate.",
     )
-    p.add_argument("source", metavar="SOURCE", help="Folder, .safetensors file or MODULE:FACTORY.")
+    # accelerate names the positional `model_name`; scripts and tests read it by that name.
+    p.add_argument(
+        "model_name", metavar="SOURCE", help="Folder, .safetensors file or MODULE:FACTORY."
+    )
     p.add_argument(
         "--dtypes",
         nargs="+",
