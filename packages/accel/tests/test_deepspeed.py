@@ -623,8 +623,6 @@ def test_plugin_fields_make_a_config_and_a_written_config_wins_or_conflicts(tmp_
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"zero_stage": 2, "zero3_init_flag": True}, "zero3_init_flag=True .* stage 2"),
-        ({"zero_stage": 2, "offload_param_device": "cpu"}, "needs zero_stage=3"),
         ({"offload_optimizer_device": "disk"}, r"'disk': accepted \['none', 'cpu', 'nvme'\]"),
         ({"offload_optimizer_device": "nvme"}, "needs offload_optimizer_nvme_path"),
         ({"zero_stage": 5}, "accepted stages are 0, 1, 2 and 3"),
@@ -636,6 +634,17 @@ def test_plugin_refuses_what_it_cannot_honour(kwargs, message):
 
     with pytest.raises(ValueError, match=message):
         DeepSpeedPlugin(**kwargs)
+
+
+def test_settings_deepspeed_ignores_below_stage_3_warn_as_accelerate_does():
+    from accel.utils import DeepSpeedPlugin
+
+    with pytest.warns(UserWarning, match="ignores it here, so the parameters stay on the device"):
+        plugin = DeepSpeedPlugin(zero_stage=2, offload_param_device="cpu")
+    assert plugin.zero_stage == 2
+    with pytest.warns(UserWarning, match=r"stage 2, so the flag is set to False"):
+        plugin = DeepSpeedPlugin(zero_stage=2, zero3_init_flag=True)
+    assert plugin.zero3_init_flag is False
 
 
 def test_mixed_precision_meets_the_config():

@@ -16,6 +16,7 @@ import copy
 import dataclasses
 import json
 import os
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -289,9 +290,12 @@ class DeepSpeedPlugin:
                 )
             setattr(self, f"offload_{kind}_device", device)
         if self.offload_param_device != "none" and self.zero_stage != 3:
-            raise ValueError(
-                f"offload_param_device={self.offload_param_device!r} needs zero_stage=3 (this "
-                f"config has stage {self.zero_stage}); set zero_stage=3 or drop the offload."
+            warnings.warn(
+                f"offload_param_device={self.offload_param_device!r} with ZeRO stage "
+                f"{self.zero_stage}: DeepSpeed offloads parameters only under stage 3 and "
+                f"ignores it here, so the parameters stay on the device. Set zero_stage=3 to "
+                f"offload them, or drop offload_param_device.",
+                stacklevel=3,
             )
         if self.offload_optimizer_device != "none" and self.zero_stage == 0:
             raise ValueError(
@@ -300,10 +304,13 @@ class DeepSpeedPlugin:
             )
         self.zero3_init_flag = _as_bool(self.zero3_init_flag)
         if self.zero3_init_flag and self.zero_stage != 3:
-            raise ValueError(
+            warnings.warn(  # accelerate's behaviour: the flag is switched off
                 f"zero3_init_flag=True partitions parameters at construction, which is ZeRO-3; "
-                f"this config has stage {self.zero_stage}. Set zero_stage=3 or drop the flag."
+                f"this config has stage {self.zero_stage}, so the flag is set to False. Set "
+                f"zero_stage=3 to partition at construction.",
+                stacklevel=3,
             )
+            self.zero3_init_flag = False
         gather = self.get_value("zero_optimization.stage3_gather_16bit_weights_on_model_save")
         self.zero3_save_16bit_model = gather not in (None, "auto") and _as_bool(gather)
 
