@@ -130,6 +130,21 @@ def test_ao_filter_chooses_the_layers():
     assert accepted(min_features=32, skip_first_last=False) == {"embed", "up", "mid", "head"}
     assert accepted(min_features=32, module_filter_fn=lambda m, fqn: fqn != "mid") == {"up"}
     assert accepted() == set()  # the default threshold (1024) finds nothing worth it here
+    # accelerate's module_filter_func replaces accel's rules (as in accelerate); accel's
+    # module_filter_fn is still asked on top of it.
+    assert accepted(module_filter_func=lambda m, fqn: fqn in ("embed", "odd")) == {"embed", "odd"}
+    both = {"module_filter_func": lambda m, fqn: True, "module_filter_fn": lambda m, fqn: fqn < "e"}
+    assert accepted(**both) == {"back", "down"}
+
+
+def test_ao_conversion_honours_accelerate_config_and_filter():
+    float8 = pytest.importorskip("torchao.float8")
+    model = _Stack()
+    config = float8.Float8LinearConfig(emulate=True)
+    kw = AORecipeKwargs(config, lambda m, fqn: fqn == "mid")
+    convert_to_ao_float8(model, kw)
+    assert _converted(model) == {"mid"}
+    assert model.mid.config is config
 
 
 def test_ao_default_threshold_converts_layers_large_enough_to_gain():
@@ -229,3 +244,58 @@ def test_which_layers_transformer_engine_would_take():
     assert not te_convertible(nn.LayerNorm((4, 16)))
     assert not te_convertible(nn.LayerNorm(64, elementwise_affine=False))
     assert not te_convertible(nn.Conv1d(16, 16, 1))
+
+
+def _fake_te(monkeypatch: pytest.MonkeyPatch, mxfp8_available: bool) -> None:
+    """Just enough of TransformerEngine's module tree for `te_recipe` to build a recipe."""
+    import dataclasses
+    import enum
+    import types
+
+    class Format(enum.Enum):
+        E4M3 = "e4m3"
+        HYBRID = "hybrid"
+
+    @dataclasses.dataclass
+    class MXFP8BlockScaling:
+        margin: int = 0
+        fp8_format: Format = Format.E4M3
+
+    @dataclasses.dataclass
+    class DelayedScaling:
+        margin: int = 0
+        fp8_format: Format = Format.HYBRID
+        amax_history_len: int = 1024
+        amax_compute_algo: str = "max"
+
+    recipe = types.SimpleNamespace(
+        Format=Format, MXFP8BlockScaling=MXFP8BlockScaling, DelayedScaling=DelayedScaling
+    )
+    fp8 = types.SimpleNamespace(check_mxfp8_support=lambda: (mxfp8_available, "needs Blackwell"))
+    pytorch = types.SimpleNamespace(fp8=fp8)
+    common = types.SimpleNamespace(recipe=recipe)
+    root = types.SimpleNamespace(pytorch=pytorch, common=common)
+    for name, module in {
+        "transformer_engine": root,
+        "transformer_engine.pytorch": pytorch,
+        "transformer_engine.pytorch.fp8": fp8,
+        "transformer_engine.common": common,
+        "transformer_engine.common.recipe": recipe,
+    }.items():
+        monkeypatch.setitem(sys.modules, name, module)
+
+
+def test_te_mxfp8_block_scaling_builds_te_recipe(monkeypatch):
+    _fake_te(monkeypatch, mxfp8_available=True)
+    rec = te_recipe(TERecipeKwargs(margin=1, fp8_format="E4M3", use_mxfp8_block_scaling=True))
+    assert type(rec).__name__ == "MXFP8BlockScaling"
+    assert (rec.margin, rec.fp8_format.name) == (1, "E4M3")
+    assert type(te_recipe(TERecipeKwargs())).__name__ == "DelayedScaling"
+    with pytest.raises(ValueError, match="amax_history_len=16 belongs to delayed scaling"):
+        te_recipe(TERecipeKwargs(amax_history_len=16, use_mxfp8_block_scaling=True))
+
+
+def test_te_mxfp8_block_scaling_where_unavailable_is_refused(monkeypatch):
+    _fake_te(monkeypatch, mxfp8_available=False)
+    with pytest.raises(ValueError, match=r"not available here \(needs Blackwell\)"):
+        te_recipe(TERecipeKwargs(use_mxfp8_block_scaling=True))

@@ -41,23 +41,30 @@ def ao_float8_filter(
 ) -> Callable[[torch.nn.Module, str], bool]:
     """The `(module, fqn) -> bool` filter that decides which layers of `model` are converted.
 
-    Rules (from `AORecipeKwargs`): only `nn.Linear`; not the first and last linear layers when
-    `skip_first_last` (first and last in registration order, the order `named_modules` lists
-    them, which is the forward order in the usual embed -> blocks -> head models); both in and
-    out features divisible by 16; both at least `min_features`; and `module_filter_fn` agrees
-    when one is given.
+    Only `nn.Linear` layers. `module_filter_func` (accelerate's), when given, decides alone
+    among them. Otherwise the rules of `AORecipeKwargs`: not the first and last linear layers
+    when `skip_first_last` (first and last in registration order, the order `named_modules`
+    lists them, which is the forward order in the usual embed -> blocks -> head models); both
+    in and out features divisible by 16; both at least `min_features`. `module_filter_fn`
+    (accel's) must agree as well when one is given.
     """
     kw = kwargs or AORecipeKwargs()
     names = _linear_names(model)
     edges = {names[0], names[-1]} if kw.skip_first_last and names else set()
 
-    def accept(module: torch.nn.Module, fqn: str) -> bool:
-        if not isinstance(module, torch.nn.Linear) or fqn in edges:
+    def rules(module: torch.nn.Linear, fqn: str) -> bool:
+        if fqn in edges:
             return False
         n_in, n_out = module.in_features, module.out_features
         if n_in % 16 or n_out % 16:
             return False
-        if min(n_in, n_out) < kw.min_features:
+        return min(n_in, n_out) >= kw.min_features
+
+    def accept(module: torch.nn.Module, fqn: str) -> bool:
+        if not isinstance(module, torch.nn.Linear):
+            return False
+        decide = kw.module_filter_func or rules
+        if not decide(module, fqn):
             return False
         return kw.module_filter_fn is None or bool(kw.module_filter_fn(module, fqn))
 
@@ -65,9 +72,11 @@ def ao_float8_filter(
 
 
 def ao_float8_config(kwargs: AORecipeKwargs | None = None) -> object:
-    """torchao's `Float8LinearConfig` for these settings."""
+    """torchao's `Float8LinearConfig` for these settings (`kwargs.config` itself when given)."""
     kw = kwargs or AORecipeKwargs()
     float8 = import_torchao_float8()
+    if kw.config is not None:
+        return kw.config
     if kw.recipe == "tensorwise":
         return float8.Float8LinearConfig(
             enable_fsdp_float8_all_gather=kw.enable_fsdp_float8_all_gather,
@@ -82,7 +91,9 @@ def convert_to_ao_float8(model: M, kwargs: AORecipeKwargs | None = None) -> M:
     """Swap the layers `ao_float8_filter` accepts for torchao `Float8Linear`, in place.
 
     Returns the same model. Layers keep their parameters (the same tensors), so an optimizer
-    built before or after the conversion trains them.
+    built before or after the conversion trains them; with `enable_fsdp_float8_all_gather`
+    torchao wraps each converted weight in a new parameter (`Precision.convert_module` then
+    re-points the optimizers).
     """
     float8 = import_torchao_float8()
     config = ao_float8_config(kwargs)

@@ -35,11 +35,14 @@ def import_te() -> ModuleType:
 
 
 def te_recipe(kwargs: TERecipeKwargs | None = None) -> Any:
-    """TE's `DelayedScaling` recipe built from `kwargs`."""
+    """TE's `DelayedScaling` recipe built from `kwargs` (`MXFP8BlockScaling` when
+    `use_mxfp8_block_scaling`)."""
     kw = kwargs or TERecipeKwargs()
     import_te()
     from transformer_engine.common import recipe
 
+    if kw.use_mxfp8_block_scaling:
+        return _mxfp8_recipe(kw, recipe)
     args: dict[str, Any] = {
         "margin": kw.margin,
         "fp8_format": getattr(recipe.Format, kw.fp8_format),
@@ -65,6 +68,53 @@ def te_recipe(kwargs: TERecipeKwargs | None = None) -> Any:
             stacklevel=2,
         )
     return recipe.DelayedScaling(**args)
+
+
+# The delayed-scaling settings MXFP8 block scaling has no use for, at their defaults.
+_DELAYED_ONLY = {
+    "interval": 1,
+    "amax_history_len": 1024,
+    "amax_compute_algo": "max",
+    "override_linear_precision": (False, False, False),
+}
+
+
+def _mxfp8_recipe(kw: TERecipeKwargs, recipe: ModuleType) -> Any:
+    """TE's `MXFP8BlockScaling`, where this TE and GPU have it (as accelerate builds it)."""
+    flag = "TERecipeKwargs.use_mxfp8_block_scaling=True"
+    if not hasattr(recipe, "MXFP8BlockScaling"):
+        raise ValueError(
+            f"{flag}: this TransformerEngine version has no MXFP8BlockScaling recipe; upgrade "
+            f"TransformerEngine, or leave it False for delayed scaling."
+        )
+    try:
+        from transformer_engine.pytorch.fp8 import check_mxfp8_support
+    except ImportError:  # a TE that moved the check: the recipe itself reports what is missing
+        check_mxfp8_support = None
+    if check_mxfp8_support is not None:
+        available, reason = check_mxfp8_support()
+        if not available:
+            raise ValueError(
+                f"{flag}: MXFP8 block scaling is not available here ({reason}); leave it False "
+                f"for delayed scaling."
+            )
+    for name, default in _DELAYED_ONLY.items():
+        if getattr(kw, name) != default:
+            raise ValueError(
+                f"TERecipeKwargs.{name}={getattr(kw, name)!r} belongs to delayed scaling, which "
+                f"MXFP8 block scaling does not use; leave it at {default!r}, or set "
+                f"use_mxfp8_block_scaling=False."
+            )
+    args: dict[str, Any] = {"fp8_format": getattr(recipe.Format, kw.fp8_format)}
+    params = inspect.signature(recipe.MXFP8BlockScaling).parameters
+    if "margin" in params:
+        args["margin"] = kw.margin
+    elif kw.margin != 0:
+        raise ValueError(
+            f"TERecipeKwargs.margin={kw.margin}: this TransformerEngine's MXFP8BlockScaling has "
+            f"no margin; leave it 0."
+        )
+    return recipe.MXFP8BlockScaling(**args)
 
 
 def te_fp8_autocast(
