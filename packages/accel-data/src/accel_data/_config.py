@@ -6,9 +6,9 @@ import dataclasses
 from typing import Any
 
 
-@dataclasses.dataclass(kw_only=True)
+@dataclasses.dataclass
 class DataLoaderConfiguration:
-    """How prepared loaders split data across processes (accelerate's field names).
+    """How prepared loaders split data across processes (accelerate's fields, in its order).
 
     - `split_batches`: the loader's batch size is the global batch, split across processes
       (it must divide by the number of processes); otherwise each process gets a full batch.
