@@ -28,12 +28,14 @@ class DDPCommunicationHookType(str, enum.Enum):
     BATCHED_POWER_SGD = "batched_power_sgd"
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass
 class DistributedDataParallelKwargs:
     """Arguments for `torch.nn.parallel.DistributedDataParallel` and its communication hook.
 
     ``comm_wrapper`` (fp16 or bf16) compresses what a PowerSGD hook sends;
     ``comm_state_option`` goes to ``PowerSGDState`` (e.g. ``{"matrix_approximation_rank": 2}``).
+    The fields are accelerate's, in its order; they may be assigned after creation (a hook
+    given as a string, or as accelerate's enum, is turned into `DDPCommunicationHookType`).
     """
 
     dim: int = 0
@@ -47,16 +49,12 @@ class DistributedDataParallelKwargs:
     comm_wrapper: DDPCommunicationHookType | str = DDPCommunicationHookType.NO
     comm_state_option: dict[str, Any] = dataclasses.field(default_factory=dict)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in ("comm_hook", "comm_wrapper"):
+            value = _hook_type(name, value)
+        object.__setattr__(self, name, value)
+
     def __post_init__(self) -> None:
-        for field in ("comm_hook", "comm_wrapper"):
-            value = getattr(self, field)
-            try:
-                object.__setattr__(self, field, DDPCommunicationHookType(value))
-            except ValueError:
-                accepted = [h.value for h in DDPCommunicationHookType]
-                raise ValueError(
-                    f"DistributedDataParallelKwargs.{field}={value!r}: expected one of {accepted}."
-                ) from None
         if self.comm_wrapper not in (
             DDPCommunicationHookType.NO,
             DDPCommunicationHookType.FP16,
@@ -85,6 +83,18 @@ class DistributedDataParallelKwargs:
             "gradient_as_bucket_view": self.gradient_as_bucket_view,
             "static_graph": self.static_graph,
         }
+
+
+def _hook_type(field: str, value: Any) -> DDPCommunicationHookType:
+    """A hook type from its value ("fp16"), or from an enum member of another library whose
+    value is one (accelerate's `DDPCommunicationHookType.FP16`)."""
+    try:
+        return DDPCommunicationHookType(getattr(value, "value", value))
+    except ValueError:
+        accepted = [h.value for h in DDPCommunicationHookType]
+        raise ValueError(
+            f"DistributedDataParallelKwargs.{field}={value!r}: expected one of {accepted}."
+        ) from None
 
 
 def register_comm_hook(

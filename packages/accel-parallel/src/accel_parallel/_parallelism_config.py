@@ -48,7 +48,7 @@ _REFUSED_KEYS = {
 }  # fmt: skip
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass
 class TorchTensorParallelConfig:
     """Tensor-parallel options. ``enable_async_tp`` overlaps the TP collectives with the
     matmuls (torch's micro-pipelined TP: CUDA with symmetric memory, under torch.compile).
@@ -57,13 +57,15 @@ class TorchTensorParallelConfig:
     `accel_parallel._tp_sequence`)."""
 
     enable_async_tp: bool = False
+    _: dataclasses.KW_ONLY
     sequence_parallel: bool = False
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass
 class TorchContextParallelConfig:
     """Context-parallel options: how the ring attention exchanges keys and values,
-    ``"allgather"`` (all of them, then attend) or ``"alltoall"`` (rotate round the ring)."""
+    ``"allgather"`` (all of them, then attend) or ``"alltoall"`` (rotate round the ring).
+    Mutable and positional, as accelerate's is."""
 
     cp_comm_strategy: str | None = None
 
@@ -74,7 +76,7 @@ class TorchContextParallelConfig:
 
     def __post_init__(self) -> None:
         if self.cp_comm_strategy is None:
-            object.__setattr__(self, "cp_comm_strategy", self._default_strategy())
+            self.cp_comm_strategy = self._default_strategy()
         if self.cp_comm_strategy not in _CP_STRATEGIES:
             raise ValueError(
                 f"Invalid cp_comm_strategy: {self.cp_comm_strategy}; expected one of "
@@ -82,10 +84,11 @@ class TorchContextParallelConfig:
             )
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass
 class TorchTensorParallelPlugin:
-    """accelerate's older spelling of tensor parallel: ``tp_size`` alone. Prefer
-    ``ParallelismConfig(tp_size=...)``; `Accelerator` turns this into one."""
+    """accelerate's older spelling of tensor parallel: ``tp_size`` alone (fields in accelerate's
+    order, mutable as there). Prefer ``ParallelismConfig(tp_size=...)``; `Accelerator` turns
+    this into one."""
 
     tp_size: int = 1
     torch_device_mesh: Any = None
