@@ -188,8 +188,15 @@ def test_init_process_group_kwargs() -> None:
     assert kw.timeout == datetime.timedelta(seconds=30)
     with pytest.raises(ValueError, match="timeout=-1"):
         InitProcessGroupKwargs(timeout=-1)
+    # accelerate's positional order; `extra` (accel's) stays keyword-only
+    positional = InitProcessGroupKwargs("gloo", "tcp://127.0.0.1:29500", 5)
+    assert (positional.backend, positional.init_method) == ("gloo", "tcp://127.0.0.1:29500")
+    assert positional.timeout == datetime.timedelta(seconds=5)
     with pytest.raises(TypeError):
-        InitProcessGroupKwargs("gloo")  # type: ignore[misc]
+        InitProcessGroupKwargs("gloo", None, None, {})  # type: ignore[misc]
+    assert InitProcessGroupKwargs(extra={"device_id": None}).to_kwargs() == {"device_id": None}
+    kw.timeout = datetime.timedelta(seconds=60)  # mutable, as accelerate's is
+    assert kw.to_kwargs() == {"backend": "gloo", "timeout": datetime.timedelta(seconds=60)}
 
 
 def _slurm_worker() -> dict:

@@ -25,28 +25,36 @@ from accel_state._environment import (
 _KNOWN_BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl", "hccl", "cncl", "mccl")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass
 class InitProcessGroupKwargs:
     """Arguments for creating the process group.
 
-    `timeout` accepts a `datetime.timedelta` or a number of seconds.
+    `backend`, `init_method` and `timeout` are accelerate's fields, in its order (positional
+    arguments mean what they mean there; the record may be assigned after creation, as
+    accelerate's may). `backend` None picks the device's backend (nccl on CUDA, gloo on CPU);
+    `timeout` accepts a `datetime.timedelta` or a number of seconds, None leaving torch's default.
     """
 
     backend: str | None = None
     init_method: str | None = None
     timeout: datetime.timedelta | float | None = None
+    _: dataclasses.KW_ONLY
     # Further keywords of `torch.distributed.init_process_group` (pg_options, device_id, ...),
     # as accelerate's `PartialState(**kwargs)` passes them through.
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.timeout is not None and not isinstance(self.timeout, datetime.timedelta):
-            if not isinstance(self.timeout, (int, float)) or self.timeout <= 0:
+            if (
+                isinstance(self.timeout, bool)
+                or not isinstance(self.timeout, (int, float))
+                or self.timeout <= 0
+            ):
                 raise ValueError(
                     f"InitProcessGroupKwargs.timeout={self.timeout!r}: expected a positive number "
                     f"of seconds or a datetime.timedelta."
                 )
-            object.__setattr__(self, "timeout", datetime.timedelta(seconds=self.timeout))
+            self.timeout = datetime.timedelta(seconds=self.timeout)
         unknown = sorted(set(self.extra) - _passable_init_keywords())
         if unknown:
             raise TypeError(
