@@ -18,9 +18,12 @@ from accel_precision import (
 from accel_state import InitProcessGroupKwargs
 
 
-@dataclasses.dataclass(kw_only=True)
+@dataclasses.dataclass
 class ProjectConfiguration:
     """Where a project writes, and how checkpoints are named and kept.
+
+    The first six fields are accelerate's, in its order (``ProjectConfiguration("out", ...)``);
+    accel's ``fsync`` and ``async_save`` follow, keyword-only.
 
     - ``project_dir``: the root; ``logging_dir`` defaults to it.
     - ``automatic_checkpoint_naming``: ``save_state()`` writes ``<project_dir>/checkpoints/
@@ -46,6 +49,7 @@ class ProjectConfiguration:
     total_limit: int | None = None
     iteration: int = 0
     save_on_each_node: bool = False
+    _: dataclasses.KW_ONLY
     fsync: bool = True
     async_save: bool = False
 
@@ -65,9 +69,9 @@ class ProjectConfiguration:
             self.logging_dir = self.project_dir
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass
 class ProfileKwargs:
-    """Options of `Accelerator.profile` (torch.profiler).
+    """Options of `Accelerator.profile` (torch.profiler), accelerate's fields in its order.
 
     ``activities``: "cpu", "cuda", ... (default: cpu, plus the accelerator when there is one);
     ``schedule_option``: keyword arguments of ``torch.profiler.schedule`` (wait, warmup,

@@ -47,7 +47,7 @@ def _flag(value: Any) -> bool:
     return bool(value)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass
 class TorchDynamoPlugin:
     """How `prepare` compiles models with `torch.compile`.
 
@@ -57,6 +57,8 @@ class TorchDynamoPlugin:
     `use_regional_compilation` compiles repeated blocks instead of the whole model. A field
     left as None takes accelerate's ACCELERATE_DYNAMO_* variable where one is set (as
     accelerate's plugin does), else the default: backend "no", no fullgraph, no regions.
+    The fields are accelerate's, in its order, and may be assigned after creation (a backend
+    given as accelerate's `DynamoBackend` or in capitals is stored as its lower-case name).
     """
 
     backend: str | None = None
@@ -66,6 +68,11 @@ class TorchDynamoPlugin:
     options: Mapping[str, Any] | None = None
     disable: bool = False
     use_regional_compilation: bool | None = None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "backend" and value is not None:
+            value = _name(value) or "no"
+        object.__setattr__(self, name, value)
 
     def __post_init__(self) -> None:
         unset = {
@@ -78,8 +85,7 @@ class TorchDynamoPlugin:
         for field, (variable, parse, default) in unset.items():
             if getattr(self, field) is None:
                 value = _from_environment(variable, parse)
-                object.__setattr__(self, field, default if value is None else value)
-        object.__setattr__(self, "backend", _name(self.backend) or "no")
+                setattr(self, field, default if value is None else value)
         if self.mode is not None and self.mode not in MODES:
             raise ValueError(f"TorchDynamoPlugin.mode={self.mode!r}: expected one of {MODES}.")
         if self.mode is not None and self.options:

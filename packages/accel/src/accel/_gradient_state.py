@@ -7,11 +7,12 @@ import weakref
 from typing import Any, ClassVar
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass
 class GradientAccumulationPlugin:
-    """How gradient accumulation behaves.
+    """How gradient accumulation behaves (accelerate's fields, in its order; they may be
+    assigned after creation, and the running Accelerator reads the new value).
 
-    - ``num_steps``: micro-batches per optimizer step.
+    - ``num_steps``: micro-batches per optimizer step (None, accelerate's default, means 1).
     - ``adjust_scheduler``: on skipped (non-sync) steps the scheduler's step count still moves,
       so a schedule written in optimizer steps is not stretched.
     - ``sync_with_dataloader``: the last batch of a dataloader always syncs and steps.
@@ -19,12 +20,14 @@ class GradientAccumulationPlugin:
       sharded strategies, more communication); the optimizer still steps every num_steps.
     """
 
-    num_steps: int = 1
+    num_steps: int | None = 1
     adjust_scheduler: bool = True
     sync_with_dataloader: bool = True
     sync_each_batch: bool = False
 
     def __post_init__(self) -> None:
+        if self.num_steps is None:
+            self.num_steps = 1
         if not isinstance(self.num_steps, int) or self.num_steps < 1:
             raise ValueError(
                 f"gradient accumulation num_steps={self.num_steps!r}: expected an integer >= 1."
