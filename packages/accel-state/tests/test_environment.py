@@ -49,9 +49,10 @@ def test_slurm_variables_and_node_list() -> None:
         "SLURM_NTASKS": "8",
         "SLURM_LOCALID": "2",
         "SLURM_NODEID": "1",
-        "SLURM_NTASKS_PER_NODE": "4(x2)",
+        "SLURM_TASKS_PER_NODE": "4(x2)",
         "SLURM_JOB_NODELIST": "gpu[017-018,020],cpu01",
         "SLURM_JOB_ID": "123456",
+        "SLURM_STEP_ID": "0",
     }
     info = detect_launch(env)
     assert info.launcher == "slurm"
@@ -211,6 +212,7 @@ def test_slurm_world_creates_a_real_process_group() -> None:
     port = free_port()
     env = {
         "SLURM_NTASKS": "2",
+        "SLURM_STEP_ID": "0",
         "SLURM_JOB_NODELIST": "127.0.0.1",
         "MASTER_PORT": str(port),
     }

@@ -24,15 +24,29 @@ ENV_MASTER_PORT = "MASTER_PORT"
 # itself serves the TCPStore at MASTER_ADDR:MASTER_PORT ("True").
 ENV_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 ENV_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
-# SLURM (srun)
+# SLURM: the tasks of an srun step. The batch script and salloc's interactive shell see
+# SLURM_PROCID / SLURM_NTASKS too (0 and the job's task count) but are one process: the
+# step id tells them apart (absent in the batch script, a reserved id in salloc's shell).
 ENV_SLURM_PROCID = "SLURM_PROCID"
 ENV_SLURM_NTASKS = "SLURM_NTASKS"
 ENV_SLURM_LOCALID = "SLURM_LOCALID"
+ENV_SLURM_STEP_ID = "SLURM_STEP_ID"
+ENV_SLURM_STEPID = "SLURM_STEPID"  # the older spelling, set beside SLURM_STEP_ID
+# Tasks per node of the step, one entry per node in node order, compressed: "2(x3),1".
+ENV_SLURM_STEP_TASKS_PER_NODE = "SLURM_STEP_TASKS_PER_NODE"
+ENV_SLURM_TASKS_PER_NODE = "SLURM_TASKS_PER_NODE"
+# --ntasks-per-node of the job: inherited by every step, so a step of other shape sees a
+# stale value; read only when neither list above is set.
 ENV_SLURM_NTASKS_PER_NODE = "SLURM_NTASKS_PER_NODE"
-ENV_SLURM_NODEID = "SLURM_NODEID"
+ENV_SLURM_NODEID = "SLURM_NODEID"  # this node's index among the step's nodes
+ENV_SLURM_STEP_NODELIST = "SLURM_STEP_NODELIST"  # the step's nodes; task 0 runs on the first
 ENV_SLURM_NODELIST = "SLURM_JOB_NODELIST"
 ENV_SLURM_NODELIST_OLD = "SLURM_NODELIST"
 ENV_SLURM_JOB_ID = "SLURM_JOB_ID"
+# Step ids above this one are SLURM's reserved steps (batch script, extern, interactive,
+# pending: 0xfffffffa-0xfffffffd today, 0xfffffffe-0xffffffff before 20.11); srun's steps
+# count up from 0.
+SLURM_MAX_NORMAL_STEP_ID = 0xFFFFFFF0
 # Open MPI
 ENV_OMPI_RANK = "OMPI_COMM_WORLD_RANK"
 ENV_OMPI_SIZE = "OMPI_COMM_WORLD_SIZE"
@@ -105,11 +119,51 @@ def _master(environ: Mapping[str, str]) -> tuple[str | None, int | None]:
     return environ.get(ENV_MASTER_ADDR) or None, _int(environ, ENV_MASTER_PORT)
 
 
+def in_slurm_step(environ: Mapping[str, str]) -> bool:
+    """Whether this process is a task of an srun step (not the batch script, not salloc's
+    interactive shell, not a process outside SLURM)."""
+    name = ENV_SLURM_STEP_ID if environ.get(ENV_SLURM_STEP_ID) else ENV_SLURM_STEPID
+    step = _int(environ, name)
+    return step is not None and 0 <= step < SLURM_MAX_NORMAL_STEP_ID
+
+
+def expand_tasks_per_node(value: str) -> list[int]:
+    """SLURM's compressed per-node counts, one per node: ``2(x3),1`` -> [2, 2, 2, 1]."""
+    counts: list[int] = []
+    for item in value.split(","):
+        match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", item)
+        if not match:
+            raise ValueError(
+                f"Cannot read the SLURM task count {item!r} in {value!r}: expected entries "
+                f"like '2' or '2(x3)'. Unset the variable or fix the launch command."
+            )
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts
+
+
+def _slurm_local_world(environ: Mapping[str, str], node: int) -> int:
+    """How many tasks of the step run on this node: the entry for SLURM_NODEID in the step's
+    per-node list, else --ntasks-per-node, else 1."""
+    for name in (ENV_SLURM_STEP_TASKS_PER_NODE, ENV_SLURM_TASKS_PER_NODE):
+        if environ.get(name):
+            counts = expand_tasks_per_node(environ[name])
+            if not 0 <= node < len(counts):
+                raise ValueError(
+                    f"{ENV_SLURM_NODEID}={node} has no entry in {name}={environ[name]!r} "
+                    f"({len(counts)} nodes). The launcher sets both; unset them or fix the "
+                    f"launch command."
+                )
+            return counts[node]
+    return _int(environ, ENV_SLURM_NTASKS_PER_NODE, 1)
+
+
 def detect_launch(environ: Mapping[str, str] | None = None) -> LaunchInfo:
     """Describe the process topology from the environment of a known launcher.
 
     torchrun's variables win over SLURM's (torchrun started inside an allocation), and SLURM's
-    over MPI's. With no launcher variables the process is alone.
+    over MPI's. SLURM's count only in the tasks of an srun step: the batch script and
+    salloc's shell are one process, whatever SLURM_NTASKS says. With no launcher variables
+    the process is alone.
     """
     env = os.environ if environ is None else environ
     addr, port = _master(env)
@@ -128,22 +182,25 @@ def detect_launch(environ: Mapping[str, str] | None = None) -> LaunchInfo:
             restart_count=_int(env, ENV_RESTART_COUNT),
             agent_store=env.get(ENV_USE_AGENT_STORE) == "True",
         )
-    if ENV_SLURM_PROCID in env and ENV_SLURM_NTASKS in env:
-        nodelist = env.get(ENV_SLURM_NODELIST) or env.get(ENV_SLURM_NODELIST_OLD)
+    if ENV_SLURM_PROCID in env and ENV_SLURM_NTASKS in env and in_slurm_step(env):
+        nodelist = (
+            env.get(ENV_SLURM_STEP_NODELIST)
+            or env.get(ENV_SLURM_NODELIST)
+            or env.get(ENV_SLURM_NODELIST_OLD)
+        )
         if addr is None and nodelist:
             addr = first_slurm_host(nodelist)
         if port is None and ENV_SLURM_JOB_ID in env:
             # Every task of the job derives the same port from the job id.
             port = 15000 + _int(env, ENV_SLURM_JOB_ID) % 20000
-        per_node = env.get(ENV_SLURM_NTASKS_PER_NODE, "")
-        local_world = int(per_node.split("(")[0]) if per_node[:1].isdigit() else 1
+        node = _int(env, ENV_SLURM_NODEID, 0)
         return LaunchInfo(
             launcher="slurm",
             rank=_int(env, ENV_SLURM_PROCID),
             world_size=_int(env, ENV_SLURM_NTASKS),
             local_rank=_int(env, ENV_SLURM_LOCALID, 0),
-            local_world_size=local_world,
-            node_rank=_int(env, ENV_SLURM_NODEID, 0),
+            local_world_size=_slurm_local_world(env, node),
+            node_rank=node,
             master_addr=addr,
             master_port=port,
         )
