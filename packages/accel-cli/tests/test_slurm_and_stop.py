@@ -13,6 +13,7 @@ import pytest
 from accel_cli._config import ConfigError
 from accel_cli._run import STOPPED_EXIT_CODE
 from accel_cli._slurm import expand_hostlist, first_host, slurm_launch_values
+from accel_cli._torchrun import without_sigterm
 from accel_cli.main import main
 
 _NO_SCONTROL = {"which": lambda name: None}
@@ -48,7 +49,7 @@ def test_scontrol_is_asked_first_when_present():
 
 def test_allocation_values():
     env = {"SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "4", "SLURM_NODEID": "2",
-           "SLURM_JOB_NODELIST": "gpu[011-014]"}  # fmt: skip
+           "SLURM_JOB_NODELIST": "gpu[011-014]", "SLURM_STEP_ID": "0"}  # fmt: skip
     values = slurm_launch_values(env, **_NO_SCONTROL)
     assert values == {"num_machines": 4, "machine_rank": 2, "main_process_ip": "gpu011"}
     assert slurm_launch_values({**env, "SLURM_JOB_NUM_NODES": "1"}, **_NO_SCONTROL) == {}
@@ -57,12 +58,35 @@ def test_allocation_values():
         slurm_launch_values({**env, "SLURM_NODEID": "x"}, **_NO_SCONTROL)
 
 
+def test_the_batch_script_and_salloc_shell_are_one_machine():
+    """sbatch --nodes=2: the batch script runs once, on the first node, with the job's node
+    count but no step id (salloc's shell: a reserved one). One launcher there is one machine."""
+    batch = {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "2",
+             "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "cn[1-2]"}  # fmt: skip
+    assert slurm_launch_values(batch, **_NO_SCONTROL) == {}
+    shell = {**batch, "SLURM_STEP_ID": "4294967290", "SLURM_STEP_NUM_NODES": "1"}
+    assert slurm_launch_values(shell, **_NO_SCONTROL) == {}
+    with pytest.raises(ConfigError, match="SLURM_STEP_ID='x'"):
+        slurm_launch_values({**batch, "SLURM_STEP_ID": "x"}, **_NO_SCONTROL)
+
+
+def test_a_step_counts_its_own_nodes_not_the_jobs():
+    job = {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "3", "SLURM_JOB_NODELIST": "cn[1-3]",
+           "SLURM_STEP_ID": "2", "SLURM_NODEID": "1"}  # fmt: skip
+    # srun -N1 in a job of three nodes: one machine.
+    assert slurm_launch_values({**job, "SLURM_STEP_NUM_NODES": "1"}, **_NO_SCONTROL) == {}
+    # srun -N2 -w cn[2-3]: two machines, node 0 of the step is cn2.
+    step = {**job, "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NODELIST": "cn[2-3]"}
+    values = slurm_launch_values(step, **_NO_SCONTROL)
+    assert values == {"num_machines": 2, "machine_rank": 1, "main_process_ip": "cn2"}
+
+
 def test_launch_inside_an_allocation_builds_the_multi_node_command(tmp_path, monkeypatch, capsys):
     script = tmp_path / "train.py"
     script.write_text("")
     monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol: the parser reads the list
     for name, value in {"SLURM_JOB_ID": "5", "SLURM_NNODES": "2", "SLURM_NODEID": "1",
-                        "SLURM_NODELIST": "cn[07-08]"}.items():  # fmt: skip
+                        "SLURM_NODELIST": "cn[07-08]", "SLURM_STEP_ID": "0"}.items():  # fmt: skip
         monkeypatch.setenv(name, value)
     argv = ["launch", "--dry_run", "--cpu", "--num_processes", "4", str(script)]
     assert main(argv) == 0
@@ -105,3 +129,9 @@ def test_a_stop_request_on_a_direct_launch_exits_with_the_stopped_code(tmp_path)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_torchrun_is_left_every_signal_but_sigterm():
+    assert without_sigterm("SIGTERM,SIGINT,SIGHUP,SIGQUIT") == "SIGINT,SIGHUP,SIGQUIT"
+    assert without_sigterm(" SIGUSR1 , SIGTERM") == "SIGUSR1"
+    assert without_sigterm("SIGTERM") is None

@@ -9,6 +9,11 @@ that the run stopped on request and can be resumed (requeue it). A second reques
 torchrun starting new workers after one (a restart), stops torchrun itself, which ends its
 workers. SIGINT from another process is passed on as well.
 
+torchrun runs as `accel_cli._torchrun`, which takes its first SIGTERM as a stop request for
+the workers too: SLURM signals every process of a step at once, torchrun included, and
+torchrun's own handling would end the run with 1 although the workers saved and returned 0.
+The launcher tells it to stop for good with `ESCALATE_SIGNAL`.
+
 The child starts with SIGUSR1 ignored, so that a process which does not ask for it (torchrun,
 a script without an Accelerator) is not killed by SLURM's early warning; the Accelerator
 installs its own handler.
@@ -24,12 +29,16 @@ import threading
 from collections.abc import Mapping, Sequence
 from types import FrameType
 
+from accel_cli._torchrun import ESCALATE_SIGNAL
+
 # The launcher's exit code after a requested stop (SIGTERM, SIGUSR1) when the workers
 # stopped cleanly: sysexits' EX_TEMPFAIL, "try again later".
 STOPPED_EXIT_CODE = 75
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 _FORWARDED = (signal.SIGINT, *_STOP_SIGNALS)
 _POLL_SECONDS = 0.2
+TORCHRUN_MODULE = "torch.distributed.run"
+TORCHRUN_WRAPPER = "accel_cli._torchrun"
 
 
 def exit_code(returncode: int) -> int:
@@ -70,9 +79,12 @@ def _children(pid: int) -> dict[int, object]:
 class _Stopper:
     """What the launcher does on signals: where a stop request goes, and whether one came."""
 
-    def __init__(self, child: subprocess.Popen, through_torchrun: bool) -> None:
+    def __init__(
+        self, child: subprocess.Popen, through_torchrun: bool, stop_now: int = signal.SIGTERM
+    ) -> None:
         self.child = child
         self.through_torchrun = through_torchrun
+        self.stop_now = stop_now  # what ends torchrun (and so its workers) for good
         self.requested = False
         self.signalled: set[int] = set()  # workers that got the request
 
@@ -86,7 +98,7 @@ class _Stopper:
             return
         if self.requested or not self.through_torchrun:
             # A second request stops torchrun, which ends its workers (SIGTERM, then SIGKILL).
-            self.child.send_signal(signal.SIGTERM if self.through_torchrun else signum)
+            self.child.send_signal(self.stop_now if self.through_torchrun else signum)
             self.requested = True
             return
         self.requested = True
@@ -98,14 +110,14 @@ class _Stopper:
             except Exception:  # gone already
                 continue
         if not workers:  # torchrun has no workers right now (between restarts)
-            self.child.send_signal(signal.SIGTERM)
+            self.child.send_signal(self.stop_now)
 
     def check_restart(self) -> None:
         """After a stop request, workers that torchrun started since are a restart: stop it."""
         if not (self.requested and self.through_torchrun and self.signalled):
             return
         if set(_children(self.child.pid)) - self.signalled and self.child.poll() is None:
-            self.child.send_signal(signal.SIGTERM)
+            self.child.send_signal(self.stop_now)
             self.signalled.clear()
 
 
@@ -117,14 +129,18 @@ def run_child(
 
     `through_torchrun`: the child is torchrun and the workers are its children, which get
     the first stop request directly. The launcher keeps waiting until the child exits.
+    `python -m torch.distributed.run ...` runs as `python -m accel_cli._torchrun ...`.
     """
+    argv, stop_now = list(argv), signal.SIGTERM
+    if through_torchrun and argv[1:3] == ["-m", TORCHRUN_MODULE]:
+        argv[2], stop_now = TORCHRUN_WRAPPER, ESCALATE_SIGNAL
     try:
-        child = subprocess.Popen(list(argv), env=dict(env), preexec_fn=_ignore_sigusr1)
+        child = subprocess.Popen(argv, env=dict(env), preexec_fn=_ignore_sigusr1)
     except OSError as err:
         print(f"accel: cannot start {argv[0]!r}: {err}", file=sys.stderr)
         return 127
 
-    stopper = _Stopper(child, through_torchrun)
+    stopper = _Stopper(child, through_torchrun, stop_now)
     in_main_thread = threading.current_thread() is threading.main_thread()
     sigs = _FORWARDED if in_main_thread else ()  # handlers can only be set from the main thread
     previous = {sig: signal.signal(sig, stopper.on_signal) for sig in sigs}

@@ -1,17 +1,22 @@
 """What `accel launch` takes from a SLURM allocation: machines, this machine's rank, the
 address of machine 0.
 
-Inside a job (`SLURM_JOB_ID` set) with its node count known, `accel launch` started once per
-node (``srun --ntasks-per-node=1 accel launch ...``) needs no per-node flags:
+Inside an srun step (`SLURM_JOB_ID` set, a step id of srun's own) that spans several nodes,
+`accel launch` started once per node (``srun --ntasks-per-node=1 accel launch ...``) needs
+no per-node flags:
 
-    num_machines     SLURM_JOB_NUM_NODES (or SLURM_NNODES)
-    machine_rank     SLURM_NODEID
-    main_process_ip  the first host of SLURM_JOB_NODELIST (or SLURM_NODELIST), expanded by
-                     `scontrol show hostnames` when it is on PATH, else by `expand_hostlist`
+    num_machines     SLURM_STEP_NUM_NODES (else SLURM_NNODES, else SLURM_JOB_NUM_NODES)
+    machine_rank     SLURM_NODEID (the node's index among the step's nodes)
+    main_process_ip  the first host of SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST, else
+                     SLURM_NODELIST), expanded by `scontrol show hostnames` when it is on
+                     PATH, else by `expand_hostlist`
 
-A flag beats these and these beat the config file; with --num_machines given, none is
-taken (the flags describe the topology). On one node nothing is taken: the run rendezvouses
-on loopback as usual.
+The step's values, not the job's: `srun -N1 accel launch` inside a job of two nodes is one
+machine. A flag beats these and these beat the config file; with --num_machines given, none
+is taken (the flags describe the topology). On one node nothing is taken: the run
+rendezvouses on loopback as usual. Nor in the batch script itself or salloc's shell (no
+step id, or one of SLURM's reserved ids): one launcher runs there, on the first node, so
+it is one machine whatever the job's node count.
 """
 
 from __future__ import annotations
@@ -24,11 +29,18 @@ from collections.abc import Callable, Mapping
 from accel_cli._config import ConfigError
 
 ENV_SLURM_JOB_ID = "SLURM_JOB_ID"
+ENV_SLURM_STEP_ID = "SLURM_STEP_ID"
+ENV_SLURM_STEPID = "SLURM_STEPID"
+ENV_SLURM_STEP_NUM_NODES = "SLURM_STEP_NUM_NODES"
 ENV_SLURM_JOB_NUM_NODES = "SLURM_JOB_NUM_NODES"
 ENV_SLURM_NNODES = "SLURM_NNODES"
 ENV_SLURM_NODEID = "SLURM_NODEID"
+ENV_SLURM_STEP_NODELIST = "SLURM_STEP_NODELIST"
 ENV_SLURM_JOB_NODELIST = "SLURM_JOB_NODELIST"
 ENV_SLURM_NODELIST = "SLURM_NODELIST"
+# srun's steps count up from 0; the ids above this one are SLURM's reserved steps (batch
+# script, extern, salloc's interactive shell). Same rule as accel_state's detect_launch.
+SLURM_MAX_NORMAL_STEP_ID = 0xFFFFFFF0
 
 # One host expression: a prefix, then optionally [ranges], then maybe more (nested forms
 # like a[1-2]b[3-4] multiply out).
@@ -112,16 +124,39 @@ def first_host(
     return expand_hostlist(hostlist)[0]
 
 
+def in_srun_step(environ: Mapping[str, str]) -> bool:
+    """Whether this process is a task of an srun step, not the batch script or salloc's
+    shell (which have no step id, or a reserved one)."""
+    raw = environ.get(ENV_SLURM_STEP_ID) or environ.get(ENV_SLURM_STEPID)
+    try:
+        return raw is not None and 0 <= int(raw) < SLURM_MAX_NORMAL_STEP_ID
+    except ValueError:
+        raise ConfigError(
+            f"SLURM's step id {ENV_SLURM_STEP_ID}={raw!r} is not an integer; pass "
+            f"--num_machines and --machine_rank instead."
+        ) from None
+
+
+def _first_set(environ: Mapping[str, str], *names: str) -> tuple[str, str | None]:
+    """(name, value) of the first variable set and not empty; (names[0], None) if none is."""
+    for name in names:
+        if environ.get(name):
+            return name, environ[name]
+    return names[0], None
+
+
 def slurm_launch_values(
     environ: Mapping[str, str],
     which: Callable[[str], str | None] = shutil.which,
     run: Callable[..., subprocess.CompletedProcess] = subprocess.run,
 ) -> dict[str, object]:
-    """num_machines, machine_rank and main_process_ip from a SLURM allocation of several
-    nodes ({} outside one, or on one node)."""
-    if ENV_SLURM_JOB_ID not in environ:
+    """num_machines, machine_rank and main_process_ip from an srun step over several nodes
+    ({} outside one, on one node, or in the batch script)."""
+    if ENV_SLURM_JOB_ID not in environ or not in_srun_step(environ):
         return {}
-    nodes_raw = environ.get(ENV_SLURM_JOB_NUM_NODES) or environ.get(ENV_SLURM_NNODES)
+    nodes_name, nodes_raw = _first_set(
+        environ, ENV_SLURM_STEP_NUM_NODES, ENV_SLURM_NNODES, ENV_SLURM_JOB_NUM_NODES
+    )
     if not nodes_raw:
         return {}
     try:
@@ -129,13 +164,15 @@ def slurm_launch_values(
         rank = int(environ.get(ENV_SLURM_NODEID, "0"))
     except ValueError:
         raise ConfigError(
-            f"SLURM variables {ENV_SLURM_JOB_NUM_NODES}/{ENV_SLURM_NNODES}={nodes_raw!r} and "
+            f"SLURM variables {nodes_name}={nodes_raw!r} and "
             f"{ENV_SLURM_NODEID}={environ.get(ENV_SLURM_NODEID)!r} must be integers; pass "
             f"--num_machines and --machine_rank instead."
         ) from None
     if nodes <= 1:
         return {}
-    hostlist = environ.get(ENV_SLURM_JOB_NODELIST) or environ.get(ENV_SLURM_NODELIST)
+    _, hostlist = _first_set(
+        environ, ENV_SLURM_STEP_NODELIST, ENV_SLURM_JOB_NODELIST, ENV_SLURM_NODELIST
+    )
     values: dict[str, object] = {"num_machines": nodes, "machine_rank": rank}
     if hostlist:
         try:
