@@ -47,6 +47,47 @@ def _as_bool(value: Any) -> bool:
     return bool(value)
 
 
+def _state_dict_name(value: Any) -> str:
+    """The name SHARDED_STATE_DICT or FULL_STATE_DICT from a name, number or StateDictType."""
+    state = _enum_name(value or "SHARDED_STATE_DICT", _STATE_DICT_BY_NUMBER)
+    if not state.endswith("_STATE_DICT"):
+        state += "_STATE_DICT"
+    if state not in _STATE_DICT_TYPES:
+        raise ValueError(
+            f"state_dict_type={value!r} is not supported; accepted: "
+            f"{list(_STATE_DICT_TYPES)} (LOCAL_STATE_DICT is FSDP1-only)."
+        )
+    return state
+
+
+def _offload_flag(value: Any) -> bool:
+    """cpu_offload as a bool: torch's offload policy objects say it by their class (an
+    `OffloadPolicy()` means no offload, though the object itself is truthy)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return _as_bool(value)
+    kind = type(value).__name__
+    if kind == "CPUOffloadPolicy":
+        return True
+    if kind == "OffloadPolicy":
+        return False
+    if hasattr(value, "offload_params"):  # FSDP1's CPUOffload
+        return bool(value.offload_params)
+    raise ValueError(
+        f"cpu_offload={value!r}: expected a bool, torch's CPUOffloadPolicy / OffloadPolicy or "
+        f"CPUOffload(offload_params=...)."
+    )
+
+
+# accelerate's names for set_mixed_precision (fp8 keeps bf16 parameters; te/torchao do the rest)
+_MIXED_PRECISION_DTYPES = {
+    "fp8": torch.bfloat16,
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+    "fp32": torch.float32,
+}
+_POLICY_FIELDS = ("param_dtype", "reduce_dtype", "output_dtype", "cast_forward_inputs")
+
+
 @dataclasses.dataclass
 class FullyShardedDataParallelPlugin:
     """FSDP2 (`torch.distributed.fsdp.fully_shard`) settings for `Accelerator(fsdp_plugin=...)`.
@@ -56,11 +97,14 @@ class FullyShardedDataParallelPlugin:
       else the model's `_no_split_modules`), "size_based_wrap" (`min_num_params`), "no_wrap"
       (the root only), or a callable `policy(module) -> bool`.
     - mixed_precision_policy: a torch `MixedPrecisionPolicy`, a dict of its fields (dtype names
-      allowed), or None to derive it from the Accelerator's mixed_precision (bf16/fp16:
-      parameters in that dtype, gradients reduced in float32).
+      allowed), "fp16" / "bf16" / "fp32" / "fp8" (everything in that dtype, as
+      `set_mixed_precision` makes it), or None to derive it from the Accelerator's
+      mixed_precision (bf16/fp16: parameters in that dtype, gradients reduced in float32).
     - cpu_offload: keep sharded parameters, gradients and optimizer state on the CPU
-      (pinned only where CUDA exists).
-    - activation_checkpointing: recompute each wrapped block's activations in backward.
+      (pinned only where CUDA exists). torch's `CPUOffloadPolicy()` / `OffloadPolicy()` (and
+      FSDP1's `CPUOffload(offload_params=...)`) are read as True / False.
+    - activation_checkpointing: recompute each wrapped block's activations in backward
+      (`activation_checkpointing_offload=True` is refused: activations are not offloaded).
     - ignored_modules: modules, a callable `fn(module) -> bool`, or a regular expression on
       module names: those modules are left unsharded (plain replicated tensors).
     - state_dict_type: "SHARDED_STATE_DICT" (each rank writes its shard through
@@ -82,6 +126,7 @@ class FullyShardedDataParallelPlugin:
     ignored_modules: Iterable[torch.nn.Module] | Callable[..., bool] | str | None = None
     state_dict_type: str | None = None
     activation_checkpointing: bool = False
+    activation_checkpointing_offload: bool | None = None
     cpu_ram_efficient_loading: bool = False
     sync_module_states: bool | None = None
     use_orig_params: bool | None = None  # FSDP1: always true under FSDP2
@@ -128,18 +173,18 @@ class FullyShardedDataParallelPlugin:
             else:
                 self.reshard_after_forward = _as_bool(self.reshard_after_forward)
         self._check_wrap_policy()
-        state = _enum_name(self.state_dict_type or "SHARDED_STATE_DICT", _STATE_DICT_BY_NUMBER)
-        if not state.endswith("_STATE_DICT"):
-            state += "_STATE_DICT"
-        if state not in _STATE_DICT_TYPES:
-            raise ValueError(
-                f"state_dict_type={self.state_dict_type!r} is not supported; accepted: "
-                f"{list(_STATE_DICT_TYPES)} (LOCAL_STATE_DICT is FSDP1-only)."
-            )
-        self.state_dict_type = state
-        for field in ("cpu_offload", "activation_checkpointing", "cpu_ram_efficient_loading"):
+        self.state_dict_type = _state_dict_name(self.state_dict_type)
+        self.cpu_offload = _offload_flag(self.cpu_offload)
+        for field in ("activation_checkpointing", "cpu_ram_efficient_loading"):
             setattr(self, field, _as_bool(getattr(self, field)))
         self.forward_prefetch = _as_bool(self.forward_prefetch)
+        if _as_bool(self.activation_checkpointing_offload):
+            raise ValueError(
+                "activation_checkpointing_offload=True is not supported by accel's FSDP2 strategy "
+                "(activations are recomputed, not offloaded); leave it False."
+            )
+        if isinstance(self.mixed_precision_policy, str):
+            self.set_mixed_precision(self.mixed_precision_policy, override=True)
 
     def _note(self, text: str) -> None:
         self.notices.append(text)
@@ -190,6 +235,94 @@ class FullyShardedDataParallelPlugin:
                 "size_based_wrap" if self.min_num_params else "transformer_based_wrap"
             )
 
+    # -- accelerate's setters, on accel's representation ------------------------------------
+    def set_state_dict_type(self, state_dict_type: Any = None) -> None:
+        """Switch the checkpoint format (typically: train sharded, save the final model full).
+
+        A name, number or torch `StateDictType`; None keeps the current one.
+        """
+        if state_dict_type is not None:
+            self.state_dict_type = _state_dict_name(state_dict_type)
+
+    def set_auto_wrap_policy(self, model: torch.nn.Module) -> None:
+        """Resolve the wrap policy against `model`, as accelerate does before wrapping.
+
+        transformer_based_wrap: the classes to wrap default to `model._no_split_modules`, and
+        each named class must exist in the model. size_based_wrap with min_num_params of 0
+        wraps nothing. The policy stays a name (accel's FSDP2 strategy applies it); a callable
+        policy is left as it is.
+        """
+        if self.auto_wrap_policy == "transformer_based_wrap":
+            names = self.transformer_cls_names_to_wrap
+            if names is None:
+                names = list(getattr(model, "_no_split_modules", None) or [])
+            found = {type(m).__name__ for m in model.modules()}
+            for name in names:
+                if name not in found:
+                    raise ValueError(
+                        f"Could not find the transformer layer class {name} in the model; its "
+                        f"module classes are {sorted(found)}."
+                    )
+            self.transformer_cls_names_to_wrap = list(names)
+        elif self.auto_wrap_policy == "size_based_wrap" and not (self.min_num_params or 0) > 0:
+            self.auto_wrap_policy = "no_wrap"
+
+    def set_mixed_precision(
+        self,
+        mixed_precision: str | torch.dtype,
+        buffer_autocast: bool = False,
+        override: bool = False,
+    ) -> None:
+        """Set the FSDP2 `MixedPrecisionPolicy` from "fp8" / "fp16" / "bf16" / "fp32" or a dtype:
+        parameters, gradient reduction and outputs in that dtype. Only where no policy is set,
+        unless `override`; a dict policy is converted instead. (`buffer_autocast` is FSDP1's:
+        FSDP2 leaves buffers alone.)"""
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        dtype = mixed_precision
+        if isinstance(mixed_precision, str):
+            dtype = _MIXED_PRECISION_DTYPES.get(mixed_precision)
+        if dtype not in _MIXED_PRECISION_DTYPES.values():
+            raise ValueError(
+                f"Invalid mixed precision: {mixed_precision!r}. Must be one of "
+                f"{list(_MIXED_PRECISION_DTYPES)} or one of their torch dtypes."
+            )
+        policy = self.mixed_precision_policy
+        if override or policy is None or isinstance(policy, str):
+            self.mixed_precision_policy = MixedPrecisionPolicy(
+                param_dtype=dtype, reduce_dtype=dtype, output_dtype=dtype
+            )
+        elif isinstance(policy, dict):
+            self.validate_mixed_precision_policy()
+            self.mixed_precision_policy = MixedPrecisionPolicy(
+                **{k: _policy_value(k, v) for k, v in policy.items()}
+            )
+
+    def validate_mixed_precision_policy(self) -> None:
+        """Raise unless the policy is a `MixedPrecisionPolicy` or a dict of its fields."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        policy = self.mixed_precision_policy
+        if isinstance(policy, MixedPrecisionPolicy):
+            return
+        if isinstance(policy, dict) and set(policy) <= set(_POLICY_FIELDS):
+            for key, value in policy.items():
+                _policy_value(key, value)
+            return
+        raise ValueError(
+            f"mixed_precision_policy must be an instance of "
+            f"`torch.distributed.fsdp.MixedPrecisionPolicy` or a dict of its fields "
+            f"{list(_POLICY_FIELDS)}; got {policy!r}."
+        )
+
+    def set_cpu_offload(self) -> None:
+        """Normalize `cpu_offload` (a bool, or torch's offload policy objects) to a bool."""
+        self.cpu_offload = _offload_flag(self.cpu_offload)
+
+    def validate_cpu_offload(self) -> None:
+        """Raise unless `cpu_offload` is a bool or one of torch's offload policy objects."""
+        _offload_flag(self.cpu_offload)
+
     def warn_notices(self) -> None:
         """Emit the translation notices once (on the process that calls this)."""
         for text in self.notices:
@@ -239,3 +372,20 @@ class FullyShardedDataParallelPlugin:
         if str(kwargs.get("auto_wrap_policy", "")).upper() == "NO_WRAP":
             kwargs["auto_wrap_policy"] = "no_wrap"
         return cls(**kwargs)
+
+
+def _policy_value(key: str, value: Any) -> Any:
+    """One field of a dict mixed precision policy: dtypes by object or name."""
+    if key not in _POLICY_FIELDS:
+        raise ValueError(
+            f"mixed_precision_policy key {key!r} is not a MixedPrecisionPolicy field; accepted: "
+            f"{list(_POLICY_FIELDS)}."
+        )
+    if key == "cast_forward_inputs" or value is None or isinstance(value, torch.dtype):
+        return value
+    dtype = _MIXED_PRECISION_DTYPES.get(str(value)) or getattr(
+        torch, str(value).replace("torch.", ""), None
+    )
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"mixed_precision_policy {key}={value!r} is not a torch dtype.")
+    return dtype
