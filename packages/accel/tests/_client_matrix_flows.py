@@ -397,6 +397,7 @@ def trl_common(out: str, **extra: Any) -> dict[str, Any]:
     return dict(
         output_dir=out, max_steps=4, per_device_train_batch_size=2, learning_rate=5e-3,
         lr_scheduler_type="constant", logging_steps=1, save_strategy="no", report_to=[],
+        use_cpu=True,  # TRL's configs default to bf16, which transformers allows on a CPU only so
         disable_tqdm=True, seed=0, **extra,
     )  # fmt: skip
 
@@ -656,7 +657,7 @@ def group_trainer(work: Path) -> dict[str, Callable[[], dict[str, Any]]]:
             metric_for_best_model="loss",
         ),
         "eval_accumulation_steps": lambda: train(evaluate=True, eval_accumulation_steps=1),
-        "bf16_cpu": lambda: train(bf16=True),
+        "bf16_cpu": lambda: train(bf16=True, use_cpu=True),  # transformers asks use_cpu for it
     }
 
 
