@@ -281,7 +281,13 @@ class CheckpointingMixin:
     def load_state(
         self, input_dir: str | os.PathLike[str] | None = None, **load_kwargs: Any
     ) -> str:
-        """Restore what save_state saved; with no path, the newest complete checkpoint."""
+        """Restore what save_state saved; with no path, the newest complete checkpoint.
+
+        `map_location` ("cpu", "on_device" or None) is checked as accelerate checks it; either
+        value gives the same result, as the loaded states are copied to where the parameters
+        (and the optimizer's states) live, which is where "on_device" reads them to.
+        """
+        _check_map_location(load_kwargs.pop("map_location", None))
         self.wait_for_checkpoint()
         if input_dir is None:
             if not self.project_configuration.automatic_checkpoint_naming:
@@ -475,6 +481,15 @@ class CheckpointingMixin:
         if self._writer():
             save_sharded(state, Path(save_directory), max_shard_size, safe_serialization)
         self.wait_for_everyone()
+
+
+def _check_map_location(map_location: Any) -> None:
+    """accelerate's accepted values for `load_state(map_location=...)`, refused as it refuses."""
+    if map_location not in [None, "cpu", "on_device"]:
+        raise TypeError(
+            "Unsupported optimizer map location passed, please choose one of `None`, `'cpu'`, "
+            f"or `'on_device'` (got {map_location!r})."
+        )
 
 
 def _mesh_dims(strategy: Any) -> dict[str, int] | None:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from accel_state._environment import ENV_ACCEL_CONFIG
+
+# accelerate refuses to fork after these were imported (they initialize the device on import)
+_INITIALIZE_DEVICE_ON_IMPORT = ("bitsandbytes",)
 
 
 class _Entry:
@@ -56,39 +60,121 @@ def notebook_launcher(
     master_addr: str = "127.0.0.1",
     node_rank: int = 0,
     num_nodes: int = 1,
+    rdzv_backend: str = "static",
+    rdzv_endpoint: str = "",
+    rdzv_conf: dict[str, Any] | None = None,
+    rdzv_id: str = "none",
+    max_restarts: int = 0,
+    monitor_interval: float = 0.1,
+    log_line_prefix_template: str | None = None,
 ) -> None:
     """Run `function(*args)` in `num_processes` processes on this machine (forked, so functions
-    defined in a notebook work; CUDA must not be initialized before). One process: called here."""
+    defined in a notebook work; CUDA must not be initialized before). One process: called here.
+
+    Several processes (and `num_nodes` machines) start through torch's elastic agent, as
+    torchrun's workers: `rdzv_backend` ("static" or "c10d"), `rdzv_endpoint` (default
+    `master_addr:use_port`), `rdzv_conf`, `rdzv_id`, `max_restarts` (restarts of the whole
+    group after a failure), `monitor_interval` (seconds between the agent's checks of its
+    workers) and `log_line_prefix_template` mean what they mean there. A worker's failure
+    raises torch's `ChildFailedError` here.
+    """
     import torch
 
-    if num_nodes != 1 or node_rank != 0:
-        raise ValueError("notebook_launcher runs on one machine; use `accel launch` for several.")
+    from accel_state import PrecisionType
+
+    try:
+        mixed_precision = PrecisionType(str(mixed_precision).lower()).value
+    except ValueError:
+        raise ValueError(
+            f"Unknown mixed_precision mode: {mixed_precision!r}. Choose between "
+            f"{[p.value for p in PrecisionType]}."
+        ) from None
+    if node_rank >= num_nodes:
+        raise ValueError("The node_rank must be less than the number of nodes.")
     if num_processes is None:
         num_processes = max(torch.cuda.device_count(), 1) if torch.cuda.is_available() else 1
-    config = {"mixed_precision": mixed_precision, "num_processes": num_processes}
-    if num_processes == 1:
-        previous = os.environ.get(ENV_ACCEL_CONFIG)
-        os.environ[ENV_ACCEL_CONFIG] = json.dumps(config)
-        try:
+    config = {"mixed_precision": mixed_precision, "num_processes": num_processes * num_nodes}
+    if num_processes == 1 and num_nodes == 1:
+        with _environment({ENV_ACCEL_CONFIG: json.dumps(config)}):
             function(*args)
-        finally:
-            if previous is None:
-                os.environ.pop(ENV_ACCEL_CONFIG, None)
-            else:
-                os.environ[ENV_ACCEL_CONFIG] = previous
         return
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        raise RuntimeError(
-            "CUDA was initialized in this process before notebook_launcher, so it cannot fork "
-            "workers. Restart the notebook and do not touch CUDA before calling it."
-        )
+    _check_can_fork()
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    rdzv_conf = dict(rdzv_conf or {})
+    if rdzv_backend == "static":
+        rdzv_conf["rank"] = node_rank
+        rdzv_endpoint = rdzv_endpoint or f"{master_addr}:{use_port}"
+    launch = LaunchConfig(
+        min_nodes=num_nodes,
+        max_nodes=num_nodes,
+        nproc_per_node=num_processes,
+        run_id=rdzv_id,
+        rdzv_endpoint=rdzv_endpoint,
+        rdzv_backend=rdzv_backend,
+        rdzv_configs=rdzv_conf,
+        max_restarts=max_restarts,
+        monitor_interval=monitor_interval,
+        start_method="fork",
+        log_line_prefix_template=log_line_prefix_template,
+    )
     env = {
         "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(use_port),
         ENV_ACCEL_CONFIG: json.dumps(config),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
     }
-    _start(function, args, num_processes, env, "fork")
+    with _environment(env, whole=True):  # the forked workers inherit it
+        elastic_launch(config=launch, entrypoint=function)(*args)
+
+
+def _check_can_fork() -> None:
+    """accelerate's refusals before forking workers: an Accelerator made in this process, a
+    library that initializes the device on import, CUDA already initialized."""
+    import sys
+
+    import torch
+
+    from accel._accelerator_state import AcceleratorState
+
+    if AcceleratorState._shared_state:
+        raise ValueError(
+            "To launch a multi-device training from your notebook, the `Accelerator` should only "
+            "be initialized inside your training function. Restart your notebook and make sure "
+            "no cells initializes an `Accelerator`."
+        )
+    problematic = [name for name in _INITIALIZE_DEVICE_ON_IMPORT if name in sys.modules]
+    if problematic:
+        raise RuntimeError(
+            "Could not start distributed process. Libraries known to initialize device upon "
+            "import have been imported already. Please keep these imports inside your training "
+            "function to try and help with this:" + "".join(f"\n\t* `{n}`" for n in problematic)
+        )
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        raise RuntimeError(
+            "CUDA was initialized in this process before notebook_launcher, so it cannot fork "
+            "workers. Restart the notebook and do not touch CUDA before calling it."
+        )
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str], *, whole: bool = False) -> Iterator[None]:
+    """Set `values` in os.environ for the block, then put them back as they were; `whole`
+    puts back the whole environment (torch's elastic agent sets variables of its own in the
+    launching process, where no user code runs meanwhile)."""
+    before = dict(os.environ) if whole else {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        if whole:
+            for key in set(os.environ) - set(before):
+                del os.environ[key]
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def debug_launcher(
