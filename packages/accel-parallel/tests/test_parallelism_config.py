@@ -45,7 +45,7 @@ def test_options_that_would_do_nothing_are_refused() -> None:
         ParallelismConfig,
         ProcessInfo,
         TorchTensorParallelPlugin,
-        select_strategy,
+        resolve_strategy,
     )
 
     with pytest.raises(ValueError, match="tp_plan=...\\) with tp_size=1"):
@@ -55,13 +55,13 @@ def test_options_that_would_do_nothing_are_refused() -> None:
     assert TorchTensorParallelPlugin(tp_size=2).to_parallelism_config(4).dp_shard_size == 2
     info = ProcessInfo(device=torch.device("cpu"), num_processes=4)
     with pytest.raises(ValueError, match="DistributedDataParallelKwargs apply to DDP"):
-        select_strategy(
+        resolve_strategy(
             info,
             ddp_kwargs=DistributedDataParallelKwargs(),
             parallelism_config=ParallelismConfig(dp_shard_size=2, tp_size=2),
         )
-    ddp = select_strategy(info, parallelism_config=ParallelismConfig(dp_replicate_size=4))
-    assert ddp.name == "ddp"  # replicas alone are DDP
+    ddp = resolve_strategy(info, parallelism_config=ParallelismConfig(dp_replicate_size=4))
+    assert ddp.strategy.name == "ddp"  # replicas alone are DDP
 
 
 def test_names_and_flattened_dims() -> None:

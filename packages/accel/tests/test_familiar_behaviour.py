@@ -253,14 +253,23 @@ def test_load_config_from_file_reads_what_accel_config_wrote(tmp_path, monkeypat
 
 
 def test_distributed_type_names_the_engine_as_accelerate_does() -> None:
-    import types
-
     from accel import DistributedType
+    from accel_parallel import (
+        DeepSpeedPlugin,
+        FullyShardedDataParallelPlugin,
+        ProcessInfo,
+        resolve_strategy,
+    )
 
     acc = Accelerator(cpu=True)
     assert acc.distributed_type == AcceleratorState().distributed_type == DistributedType.NO
-    for name, expected in (("deepspeed", "DEEPSPEED"), ("fsdp", "FSDP"), ("ddp", "NO")):
-        AcceleratorState._record(strategy=types.SimpleNamespace(name=name))
+    info = ProcessInfo(torch.device("cpu"))
+    for plugins, expected in (
+        ({"deepspeed_plugin": DeepSpeedPlugin()}, "DEEPSPEED"),
+        ({"fsdp_plugin": FullyShardedDataParallelPlugin()}, "FSDP"),
+        ({}, "NO"),
+    ):
+        AcceleratorState._record(strategy=resolve_strategy(info, **plugins).strategy)
         assert AcceleratorState().distributed_type == DistributedType(expected)
 
 

@@ -1,8 +1,9 @@
 """accel-parallel: training strategies that wrap a model and its optimizer.
 
 One small object per backend behind `Strategy` (single device, DDP, FSDP2, DeepSpeed ZeRO,
-and the pipeline / tensor-parallel / FSDP2 mesh of a `ParallelismConfig`); `select_strategy` picks it
-once.
+and the pipeline / tensor-parallel / FSDP2 mesh of a `ParallelismConfig`), each registered by
+name (`register_strategy`); `resolve_strategy` picks one once, from every source of
+configuration.
 """
 
 from accel_parallel._checkpoint_files import merge_fsdp_weights
@@ -46,9 +47,16 @@ from accel_parallel._parallelism_config import (
 )
 from accel_parallel._pipeline import PipelinedModel, PipelineOutput, PipelineStrategy
 from accel_parallel._pipeline_plan import PP_SCHEDULES
-from accel_parallel._select import select_strategy
+from accel_parallel._registry import (
+    ResolvedEngine,
+    StrategyRequest,
+    build_strategy,
+    register_strategy,
+    registered_strategies,
+    resolve_strategy,
+)
 from accel_parallel._single import SingleDeviceStrategy
-from accel_parallel._strategy import ProcessInfo, Strategy, no_sync_all
+from accel_parallel._strategy import JoinsUnevenInputs, ProcessInfo, Strategy, no_sync_all
 from accel_parallel._tp import ReplicateParallel, apply_tensor_parallel
 
 __version__ = "0.1.0"
@@ -65,6 +73,7 @@ __all__ = [
     "FSDP2Strategy",
     "FullyShardedDataParallelPlugin",
     "HfDeepSpeedConfig",
+    "JoinsUnevenInputs",
     "MegatronLMPlugin",
     "MeshStrategy",
     "ParallelismConfig",
@@ -73,14 +82,17 @@ __all__ = [
     "PipelinedModel",
     "ProcessInfo",
     "ReplicateParallel",
+    "ResolvedEngine",
     "SingleDeviceStrategy",
     "StagingBuffers",
     "Strategy",
+    "StrategyRequest",
     "TorchContextParallelConfig",
     "TorchTensorParallelConfig",
     "TorchTensorParallelPlugin",
     "add_job",
     "apply_tensor_parallel",
+    "build_strategy",
     "deferred_fsync",
     "deferred_write",
     "fsync_dir",
@@ -92,10 +104,12 @@ __all__ = [
     "no_sync_all",
     "parallel_writes",
     "register_comm_hook",
+    "register_strategy",
+    "registered_strategies",
     "resolve_parallelism_config",
+    "resolve_strategy",
     "run_parallel",
     "save_object",
-    "select_strategy",
     "staged_writes",
     "staging",
 ]

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from accel_parallel._registry import StrategyRequest, register_strategy
 from accel_parallel._strategy import ProcessInfo, Strategy
 
 
@@ -155,9 +156,13 @@ class DDPStrategy(Strategy):
     reshardable = True  # full (replicated) states: they load on any number of processes
 
     def __init__(
-        self, info: ProcessInfo, kwargs: DistributedDataParallelKwargs | None = None
+        self,
+        info: ProcessInfo,
+        kwargs: DistributedDataParallelKwargs | None = None,
+        *,
+        clip_norm: float | None = None,
     ) -> None:
-        super().__init__(info)
+        super().__init__(info, clip_norm=clip_norm)
         self.kwargs = kwargs or DistributedDataParallelKwargs()
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
@@ -196,3 +201,21 @@ class DDPStrategy(Strategy):
             yield
         finally:
             model.require_backward_grad_sync, model.require_forward_param_sync = saved
+
+    def join(
+        self, joinables: list[Any], *, enable: bool
+    ) -> contextlib.AbstractContextManager[None]:
+        """torch's `Join` over `joinables` (the prepared DDP models and optimizers): a process
+        that ran out of batches shadows the others' collectives instead of hanging them."""
+        from torch.distributed.algorithms.join import Join
+
+        return Join(joinables, enable=enable, throw_on_early_termination=False)
+
+
+def _build(request: StrategyRequest) -> DDPStrategy:
+    return DDPStrategy(request.info, request.ddp_kwargs, clip_norm=request.clip_norm)
+
+
+register_strategy(
+    DDPStrategy.name, _build, claims=lambda request: 10 if request.info.num_processes > 1 else None
+)

@@ -44,6 +44,7 @@ from accel_parallel._deepspeed_reshard import (
     load_universal,
     needs_universal,
 )
+from accel_parallel._registry import StrategyRequest, register_strategy
 from accel_parallel._strategy import ProcessInfo, Strategy
 
 logger = logging.getLogger("accel_parallel.deepspeed")
@@ -72,13 +73,18 @@ class DeepSpeedStrategy(Strategy):
     """ZeRO stages 0-3 through `deepspeed.initialize`, one engine per prepared model."""
 
     name = "deepspeed"
-    owns_backward = True
-    owns_optimizer = True
     sharded = True
     reshardable = True  # ZeRO partitions from another size load as a universal checkpoint
 
-    def __init__(self, info: ProcessInfo, plugins: Any, mixed_precision: str = "no") -> None:
-        super().__init__(info)
+    def __init__(
+        self,
+        info: ProcessInfo,
+        plugins: Any,
+        mixed_precision: str = "no",
+        *,
+        clip_norm: float | None = None,
+    ) -> None:
+        super().__init__(info, clip_norm=clip_norm)
         if importlib.util.find_spec("deepspeed") is None:
             raise ImportError(f"The DeepSpeed strategy needs deepspeed: `{INSTALL}`.")
         self.plugins = normalize_plugins(plugins)
@@ -97,6 +103,14 @@ class DeepSpeedStrategy(Strategy):
         self._keep: list[Any] = []
 
     # -- plugins ---------------------------------------------------------------------------
+    def engine_plugins(self) -> dict[str, DeepSpeedPlugin]:
+        return self.plugins
+
+    def distributed_type(self, topology: Any) -> Any:
+        from accel_state import DistributedType
+
+        return DistributedType.DEEPSPEED
+
     def _active_name(self) -> str:
         return next(name for name, p in self.plugins.items() if p.selected)
 
@@ -104,7 +118,7 @@ class DeepSpeedStrategy(Strategy):
     def active_plugin(self) -> DeepSpeedPlugin:
         return self.plugins[self._active_name()]
 
-    def select_plugin(self, name: str) -> None:
+    def select_engine_plugin(self, name: str) -> None:
         if name not in self.plugins:
             raise ValueError(f"no DeepSpeed plugin named {name!r}; known: {sorted(self.plugins)}.")
         for key, plugin in self.plugins.items():
@@ -238,9 +252,6 @@ class DeepSpeedStrategy(Strategy):
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         return super().unwrap_model(_module(model))
-
-    def model_init_context(self) -> Any:
-        return self.active_plugin.zero3_init()
 
     # -- the step --------------------------------------------------------------------------
     def _trained_engine(self, what: str) -> Any:
@@ -395,9 +406,6 @@ class DeepSpeedStrategy(Strategy):
             "accelerator.sync_gradients is True."
         )
 
-    def saves_on_every_process(self) -> bool:
-        return True
-
     def _has_optimizer(self, engine: Any) -> bool:
         """Prepared with an optimizer (a ZeRO-3 engine without one still has a partitioner)."""
         return any(e is engine for e in self._engine_of_optimizer.values())
@@ -500,3 +508,24 @@ def _warn_loop_clip_wins(configured: float, max_norm: float) -> None:
         f"DeepSpeedPlugin(gradient_clipping=...)) to choose one value.",
         stacklevel=3,
     )
+
+
+def _build(request: StrategyRequest) -> DeepSpeedStrategy:
+    if request.clip_norm is not None:
+        raise ValueError(
+            f"MegatronLMPlugin(gradient_clipping={request.clip_norm}) with DeepSpeed: the engine "
+            f"clips itself; set gradient_clipping in the DeepSpeed config instead."
+        )
+    plugins = request.deepspeed_plugin
+    if plugins is None:
+        plugins = DeepSpeedPlugin.from_launch_config(request.launch_section("deepspeed_config"))
+    return DeepSpeedStrategy(request.info, plugins, mixed_precision=request.mixed_precision)
+
+
+def _claims(request: StrategyRequest) -> int | None:
+    if request.deepspeed_plugin is not None:
+        return 40
+    return 20 if request.launched_type == "DEEPSPEED" else None
+
+
+register_strategy(DeepSpeedStrategy.name, _build, claims=_claims)

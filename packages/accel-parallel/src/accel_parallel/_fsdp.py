@@ -27,6 +27,7 @@ from accel_parallel._checkpoint_files import (
 )
 from accel_parallel._fsdp_plugin import FullyShardedDataParallelPlugin
 from accel_parallel._io import WRITE_THREADS, add_job, fsync_enabled, save_object, staging
+from accel_parallel._registry import StrategyRequest, register_strategy
 from accel_parallel._strategy import ProcessInfo, Strategy
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -50,7 +51,6 @@ class FSDP2Strategy(Strategy):
     """`fully_shard` over all processes (a 1-D mesh); see the module docstring."""
 
     name = "fsdp"
-    adapts_optimizer = True
     supports_no_sync = True
     sharded = True  # fp16 needs a ShardedGradScaler
     reshardable = True  # sharded checkpoints load on another number of processes
@@ -60,14 +60,25 @@ class FSDP2Strategy(Strategy):
         info: ProcessInfo,
         plugin: FullyShardedDataParallelPlugin | None = None,
         mixed_precision: str = "no",
+        *,
+        clip_norm: float | None = None,
     ) -> None:
-        super().__init__(info)
+        super().__init__(info, clip_norm=clip_norm)
         self.plugin = plugin or FullyShardedDataParallelPlugin()
         self.mixed_precision = mixed_precision
         self._mesh: Any = None
         self._optimizer_models: dict[int, nn.Module] = {}
         self._checkpoint_groups: dict[str, Any] = {}
         self._checkpoint_stagers: dict[str, Any] = {}
+
+    @property
+    def fsdp_plugin(self) -> FullyShardedDataParallelPlugin:
+        return self.plugin
+
+    def distributed_type(self, topology: Any) -> Any:
+        from accel_state import DistributedType
+
+        return DistributedType.FSDP
 
     # -- preparing -----------------------------------------------------------------------
     def _device_mesh(self) -> Any:
@@ -365,9 +376,6 @@ class FSDP2Strategy(Strategy):
             self._model_for(optimizer, model), optimizer, state_dict, options=options
         )
 
-    def saves_on_every_process(self) -> bool:
-        return True
-
     def gradients_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """This process's shard of the accumulated gradients (restored on the same layout)."""
         return {
@@ -563,3 +571,28 @@ def _checkpoint_blocks(model: nn.Module, blocks: list[nn.Module]) -> None:
             return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
 
         block.forward = run
+
+
+def plugin_for(request: StrategyRequest) -> FullyShardedDataParallelPlugin:
+    """The request's FSDP plugin, else one from the `accel launch` fsdp_config section."""
+    if request.fsdp_plugin is not None:
+        return request.fsdp_plugin
+    return FullyShardedDataParallelPlugin.from_launch_config(request.launch_section("fsdp_config"))
+
+
+def _build(request: StrategyRequest) -> FSDP2Strategy:
+    return FSDP2Strategy(
+        request.info,
+        plugin_for(request),
+        mixed_precision=request.mixed_precision,
+        clip_norm=request.clip_norm,
+    )
+
+
+def _claims(request: StrategyRequest) -> int | None:
+    if request.fsdp_plugin is not None:
+        return 40
+    return 20 if request.launched_type == "FSDP" else None
+
+
+register_strategy(FSDP2Strategy.name, _build, claims=_claims)

@@ -16,9 +16,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from accel_parallel._fsdp import FSDP2Strategy
+from accel_parallel._fsdp import FSDP2Strategy, plugin_for
 from accel_parallel._fsdp_plugin import FullyShardedDataParallelPlugin
 from accel_parallel._parallelism_config import ParallelismConfig
+from accel_parallel._registry import StrategyRequest, register_strategy
 from accel_parallel._strategy import ProcessInfo
 from accel_parallel._tp import apply_tensor_parallel
 
@@ -34,8 +35,10 @@ class MeshStrategy(FSDP2Strategy):
         config: ParallelismConfig,
         plugin: FullyShardedDataParallelPlugin | None = None,
         mixed_precision: str = "no",
+        *,
+        clip_norm: float | None = None,
     ) -> None:
-        super().__init__(info, plugin, mixed_precision)
+        super().__init__(info, plugin, mixed_precision, clip_norm=clip_norm)
         self.config = config
         self.shards = config.dp_shard_enabled or config.cp_enabled
         self.name = "fsdp" if self.shards else "tp"
@@ -50,6 +53,13 @@ class MeshStrategy(FSDP2Strategy):
                 "cpu_ram_efficient_loading=True is not supported with a ParallelismConfig mesh; "
                 "set it to False (every rank loads the weights, then they are split)."
             )
+
+    @property
+    def fsdp_plugin(self) -> FullyShardedDataParallelPlugin | None:
+        return self.plugin if self.shards else None  # tensor parallel alone runs no FSDP2
+
+    def distributed_type(self, topology: Any) -> Any:
+        return super().distributed_type(topology) if self.shards else topology
 
     # -- the mesh ------------------------------------------------------------------------------
     @property
@@ -118,6 +128,51 @@ class MeshStrategy(FSDP2Strategy):
         return context_parallel(
             self.config, self.device_mesh, buffers, buffer_seq_dims, no_restore_buffers
         )
+
+
+def mesh_request(request: StrategyRequest) -> tuple[ParallelismConfig, Any]:
+    """(config, FSDP plugin) of a run on the device mesh; refuses what cannot join it."""
+    config = request.parallelism_config
+    if request.deepspeed_plugin is not None or request.launched_type == "DEEPSPEED":
+        raise ValueError(
+            f"ParallelismConfig(dp_shard_size={config.dp_shard_size}, tp_size={config.tp_size}, "
+            f"cp_size={config.cp_size}, pp_size={config.pp_size}) runs on the FSDP2 device mesh, "
+            f"not on DeepSpeed; drop the DeepSpeed plugin or the ParallelismConfig."
+        )
+    if request.ddp_kwargs is not None:
+        raise ValueError(
+            "DistributedDataParallelKwargs apply to DDP, and this ParallelismConfig runs FSDP2 / "
+            "tensor parallel over a device mesh; drop the DDP kwargs handler (or use only "
+            "dp_replicate_size for DDP)."
+        )
+    return config, plugin_for(request)
+
+
+def _splits(request: StrategyRequest) -> bool:
+    config = request.parallelism_config
+    return config is not None and (
+        config.dp_shard_enabled or config.tp_enabled or config.cp_enabled
+    )
+
+
+def _build(request: StrategyRequest) -> MeshStrategy:
+    if not _splits(request) or request.parallelism_config.pp_enabled:
+        raise ValueError(
+            f"strategy 'mesh' runs a ParallelismConfig that shards or splits tensors "
+            f"(dp_shard_size, tp_size or cp_size > 1, pp_size 1); this run has "
+            f"{request.parallelism_config!r}. Pass such a config, or another strategy."
+        )
+    config, plugin = mesh_request(request)
+    return MeshStrategy(
+        request.info, config, plugin, request.mixed_precision, clip_norm=request.clip_norm
+    )
+
+
+register_strategy(
+    "mesh",
+    _build,
+    claims=lambda r: 50 if _splits(r) and not r.parallelism_config.pp_enabled else None,
+)
 
 
 def mesh_local_rank(config: ParallelismConfig | None, mesh: Any, dim: str) -> int:

@@ -27,7 +27,7 @@ from torch import nn
 
 from accel_parallel._checkpoint_files import pipeline_folder
 from accel_parallel._fsdp import _checkpoint_blocks, _local
-from accel_parallel._mesh import MeshStrategy
+from accel_parallel._mesh import MeshStrategy, mesh_request
 from accel_parallel._pipeline_plan import (
     PP_SCHEDULES,
     DecoderStage,
@@ -46,6 +46,7 @@ from accel_parallel._pipeline_state import (
     optim_options,
     optim_state,
 )
+from accel_parallel._registry import StrategyRequest, register_strategy
 from accel_parallel._tp import _refuse_split_ties, resolve_plan
 
 
@@ -149,6 +150,15 @@ class PipelineStrategy(MeshStrategy):
         self.name = "pipeline"
         self.recompute = self.plugin.activation_checkpointing
         self._loss_fns: dict[int, _ScaledLoss | None] = {}
+
+    # accelerate has no pipeline engine of this kind: the familiar API reports the process
+    # topology (not FSDP), whatever the stages shard with.
+    @property
+    def fsdp_plugin(self) -> None:
+        return None
+
+    def distributed_type(self, topology: Any) -> Any:
+        return topology
 
     # -- the pipeline group --------------------------------------------------------------------
     def _pp(self) -> Any:
@@ -266,7 +276,7 @@ class PipelineStrategy(MeshStrategy):
 
     def _loss_scale(self) -> float:
         """The fp16 loss scale the next backward multiplies by (1.0 without a scaler)."""
-        scaler = self.loss_scaler
+        scaler = None if self.precision is None else self.precision.scaler
         if scaler is None or not scaler.is_enabled():
             return 1.0
         return float(scaler.get_scale())
@@ -613,3 +623,25 @@ def _refuse_ties_across(model: nn.Module, stages: list[nn.Module]) -> None:
                 f"{sorted(owners)}; stages on different ranks would train two copies apart. "
                 f"Untie it (e.g. tie_word_embeddings=False) or keep those modules in one stage."
             )
+
+
+def _build(request: StrategyRequest) -> PipelineStrategy:
+    config = request.parallelism_config
+    if config is None or not config.pp_enabled:
+        raise ValueError(
+            f"strategy 'pipeline' runs a ParallelismConfig with pp_size > 1; this run has "
+            f"{config!r}. Pass ParallelismConfig(pp_size=...), or another strategy."
+        )
+    config, plugin = mesh_request(request)
+    return PipelineStrategy(
+        request.info, config, plugin, request.mixed_precision, clip_norm=request.clip_norm
+    )
+
+
+register_strategy(
+    "pipeline",
+    _build,
+    claims=lambda r: (
+        60 if r.parallelism_config is not None and r.parallelism_config.pp_enabled else None
+    ),
+)

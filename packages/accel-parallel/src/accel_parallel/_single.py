@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from accel_parallel._registry import StrategyRequest, register_strategy
 from accel_parallel._strategy import Strategy
 
 
@@ -13,3 +14,19 @@ class SingleDeviceStrategy(Strategy):
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         return self.move_model(model)
+
+
+def _build(request: StrategyRequest) -> SingleDeviceStrategy:
+    if request.info.num_processes > 1:
+        raise ValueError(
+            f"strategy 'single_device' cannot run {request.info.num_processes} processes; use "
+            f"'ddp'."
+        )
+    return SingleDeviceStrategy(request.info, clip_norm=request.clip_norm)
+
+
+register_strategy(
+    SingleDeviceStrategy.name,
+    _build,
+    claims=lambda request: 0 if request.info.num_processes == 1 else None,
+)

@@ -5,14 +5,16 @@ What differs between backends, and what a strategy therefore owns:
 - wrapping the model (DDP wraps; FSDP2 shards parameters in place; DeepSpeed builds an engine;
   a single device only moves it);
 - the optimizer (FSDP2 replaces parameters, so an optimizer made before sharding must be
-  re-pointed, ``adapts_optimizer``; DeepSpeed builds its own, ``owns_optimizer``);
-- backward, optimizer step and accumulation (DeepSpeed owns all three, ``owns_backward``);
+  re-pointed; DeepSpeed builds its own);
+- backward, optimizer step and accumulation (DeepSpeed owns all three);
 - skipping gradient synchronization on accumulation steps (``no_sync``);
 - gradient clipping (sharded norms need a collective);
 - the state dicts of model and optimizer, full or sharded, and their save/load (a checkpoint
   writes through these methods, never with a hard-coded ``torch.save`` of a wrapped module).
 
-After ``prepare`` the Accelerator only calls these methods; it never branches on the type.
+After ``prepare`` the Accelerator only calls these methods; it never branches on the type or
+the name. What only some engines can do is a small protocol (`JoinsUnevenInputs`) or a
+method with a neutral default (`fsdp_plugin`, `engine_plugins`, `distributed_type`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import contextlib
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -46,26 +48,53 @@ class ProcessInfo:
 
 
 class Strategy:
-    """Base strategy: everything a single process on one device needs; backends override."""
+    """Base strategy: everything a single process on one device needs; backends override.
 
-    name = "base"
-    owns_backward = False  # backward / step / accumulation are done by the engine (DeepSpeed)
-    owns_optimizer = False  # the engine builds or wraps the optimizer itself
-    adapts_optimizer = False  # parameters change identity when wrapping (FSDP2)
+    `clip_norm`: clip gradients to this global norm at each optimizer step (Megatron's
+    ``gradient_clipping``), None for no clipping of the strategy's own.
+    """
+
+    name = "base"  # for messages: the Accelerator never branches on it
     supports_no_sync = False
     sharded = False  # parameters are sharded: fp16 needs a scaler that agrees across ranks
     reshardable = False  # its checkpoints load on a different number of processes
     engine_precision: str | None = None  # the engine casts and scales itself in this mode
-    clip_norm: float | None = None  # clip to this global norm at each optimizer step
-    # The precision's loss scaler (fp16), for a strategy whose backward runs inside the forward
-    loss_scaler: Any = None
 
-    def __init__(self, info: ProcessInfo) -> None:
+    def __init__(self, info: ProcessInfo, *, clip_norm: float | None = None) -> None:
         self.info = info
+        self.clip_norm = clip_norm
+        self.precision: Any = None
 
     @property
     def device(self) -> torch.device:
         return self.info.device
+
+    def attach_precision(self, precision: Any) -> None:
+        """The run's precision object (accel-precision's), made for this strategy: its
+        autocast, loss scale and unscale are what the strategy's own steps use."""
+        self.precision = precision
+
+    # -- what the familiar API reports (neutral defaults; engines override) -----------------
+    @property
+    def fsdp_plugin(self) -> Any:
+        """The FSDP plugin this strategy shards with (None when it does not use FSDP2)."""
+        return None
+
+    def engine_plugins(self) -> dict[str, Any] | None:
+        """The engine's named configurations (DeepSpeed's plugins), None without any."""
+        return None
+
+    def select_engine_plugin(self, name: str) -> None:
+        """Make the named configuration the one the next `prepare` uses."""
+        raise ValueError(
+            f"strategy {self.name!r} has no named engine configurations to select {name!r} "
+            f"from; pass Accelerator(deepspeed_plugins={{name: DeepSpeedPlugin(...)}})."
+        )
+
+    def distributed_type(self, topology: Any) -> Any:
+        """The `DistributedType` accelerate reports for this engine on a run whose process
+        topology alone says `topology` (FSDP, DEEPSPEED, ...; else `topology`)."""
+        return topology
 
     # -- data parallel (a device mesh narrows these to its data-parallel dimensions) ------
     device_mesh: Any = None
@@ -120,11 +149,6 @@ class Strategy:
         """The scheduler the engine steps itself in place of `scheduler` (None: the caller
         steps `scheduler`)."""
         return None
-
-    def model_init_context(self) -> contextlib.AbstractContextManager[Any]:
-        """Build a model inside this block to let the strategy place or partition it as it
-        is made (ZeRO-3's zero.Init); a no-op by default."""
-        return contextlib.nullcontext()
 
     def prepare(
         self, models: list[nn.Module], optimizers: list[torch.optim.Optimizer]
@@ -189,8 +213,7 @@ class Strategy:
         ``gradient_clipping``), gradients are clipped to that global norm first. Engines
         that own the step override it."""
         if self.clip_norm:
-            if id(optimizer) not in getattr(precision, "_unscaled", ()):  # not yet this step
-                precision.unscale_(optimizer)
+            precision.unscale_once(optimizer)
             params = [p for g in optimizer.param_groups for p in g["params"]]
             self.clip_grad_norm_(params, self.clip_norm)
         return precision.step(optimizer)
@@ -241,10 +264,6 @@ class Strategy:
     def load_gradients_state(self, model: nn.Module, grads: dict[str, torch.Tensor]) -> None:
         for name, param in self.unwrap_model(model).named_parameters():
             param.grad = grads[name].to(param.device) if name in grads else None
-
-    def saves_on_every_process(self) -> bool:
-        """True when each process must write its own shard of the model / optimizer state."""
-        return False
 
     # -- files (a checkpoint goes through these; sharded strategies write per-rank shards) ----
     def save_model_files(
@@ -347,6 +366,16 @@ def strip_wrapper_prefixes(
             key = key.split(".", 1)[1]
         out[key] = value
     return out
+
+
+@runtime_checkable
+class JoinsUnevenInputs(Protocol):
+    """A strategy whose processes may run out of batches at different steps without hanging
+    (torch's `Join`, which DDP supports): `join` is that block."""
+
+    def join(
+        self, joinables: list[Any], *, enable: bool
+    ) -> contextlib.AbstractContextManager[None]: ...
 
 
 @contextlib.contextmanager

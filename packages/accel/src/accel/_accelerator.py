@@ -33,12 +33,12 @@ from accel._tracking_mixin import TrackingMixin
 from accel._wrappers import AcceleratedOptimizer, AcceleratedScheduler
 from accel_data import DataLoaderConfiguration, prepare_data_loader, skip_first_batches
 from accel_parallel import (
+    JoinsUnevenInputs,
     ProcessInfo,
+    Strategy,
     TorchTensorParallelPlugin,
-    megatron_settings,
     no_sync_all,
-    resolve_parallelism_config,
-    select_strategy,
+    resolve_strategy,
 )
 from accel_precision import FP8RecipeKwargs, make_precision
 from accel_state import ProcessControl, resolved_launch_config
@@ -91,7 +91,12 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
         even_batches: bool | None = None,
         dispatch_batches: bool | None = None,
         use_seedable_sampler: bool | None = None,
+        strategy: str | Strategy | None = None,
     ) -> None:
+        """accelerate's arguments, plus `strategy`: a registered strategy's name ("ddp",
+        "fsdp", "deepspeed", "mesh", "pipeline", "single_device", or one registered with
+        accel_parallel.register_strategy) or a ready Strategy, beside the familiar plugins
+        (which configure the named strategy)."""
         handlers = sort_kwargs_handlers(kwargs_handlers)
         self.state = AcceleratorState(
             cpu=cpu, init_process_group_kwargs=handlers.get("init_process_group")
@@ -117,35 +122,22 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
             process_index=self.process_index,
             local_process_index=self.local_process_index,
         )
-        # The parallel degrees (code, else `accel launch`, else accelerate's variables).
-        if parallelism_config is None and torch_tp_plugin is not None:
-            parallelism_config = torch_tp_plugin.to_parallelism_config(self.num_processes)
-        # A MegatronLMPlugin (or --use_megatron_lm) is translated into the same config.
-        parallelism_config, fsdp_plugin, clip_norm = megatron_settings(
-            megatron_lm_plugin,
-            launched,
-            world_size=self.num_processes,
-            parallelism_config=parallelism_config,
-            fsdp_plugin=fsdp_plugin,
-        )
-        self.parallelism_config = resolve_parallelism_config(
-            parallelism_config,
-            world_size=self.num_processes,
-            launch_section=launched.get("parallelism_config"),
-            environ=os.environ,
-        )
-        # One place decides the engine (plugins, then the launch configuration); the
+        # One place decides the engine, from every source (accel-parallel's resolver); the
         # precision object is then made for it (a sharded engine needs a sharded scaler).
-        self.strategy = select_strategy(
+        engine = resolve_strategy(
             info,
+            strategy=strategy,
             ddp_kwargs=handlers.get("ddp"),
             fsdp_plugin=fsdp_plugin,
             deepspeed_plugin=_one_of(deepspeed_plugin, deepspeed_plugins, "deepspeed_plugin"),
+            torch_tp_plugin=torch_tp_plugin,
+            megatron_lm_plugin=megatron_lm_plugin,
+            parallelism_config=parallelism_config,
             launch_config=launched,
+            environ=os.environ,
             mixed_precision=mode,
-            parallelism_config=self.parallelism_config,
         )
-        self.strategy.clip_norm = clip_norm
+        self.strategy, self.parallelism_config = engine.strategy, engine.parallelism_config
         if self.strategy.engine_precision is not None:
             mode = "no"  # the engine casts the model and scales the loss itself
         self.precision = make_precision(
@@ -156,7 +148,7 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
             fp8_kwargs=fp8_kwargs,
             sharded=self.strategy.sharded,
         )
-        self.strategy.loss_scaler = self.precision.scaler
+        self.strategy.attach_precision(self.precision)
         self.dynamo_plugin = resolve_dynamo_plugin(
             dynamo_backend, dynamo_plugin, launched.get("dynamo_config") or {}
         )
@@ -174,7 +166,7 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
         self.fp8_recipe_handler = handlers.get("fp8")
         AcceleratorState._record(
             mixed_precision=self.mixed_precision,
-            deepspeed_plugins=getattr(self.strategy, "plugins", None),
+            deepspeed_plugins=self.strategy.engine_plugins(),
             strategy=self.strategy,
         )
         self._models: list[nn.Module] = []
@@ -199,9 +191,11 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
     mixed_precision = property(lambda self: self.strategy.engine_precision or self.precision.name)
     deepspeed_plugin = property(lambda self: self.state.deepspeed_plugin)
     deepspeed_config = property(
-        lambda self: getattr(self.deepspeed_plugin, "deepspeed_config", None)
+        lambda self: (
+            None if self.deepspeed_plugin is None else self.deepspeed_plugin.deepspeed_config
+        )
     )
-    is_fsdp2 = property(lambda self: self.strategy.name == "fsdp")
+    is_fsdp2 = property(lambda self: self.strategy.fsdp_plugin is not None)
     scaler = property(lambda self: self.precision.scaler)  # the fp16 GradScaler, else None
     native_amp = property(lambda self: self.precision.name in ("fp16", "bf16"))
     use_stateful_dataloader = property(lambda self: self.dataloader_config.use_stateful_dataloader)
@@ -465,7 +459,7 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
         DataLoaders' setting for the block (False: each process keeps its own, shorter share,
         as accelerate does); the loaders get their own setting back afterwards.
         """
-        if self.strategy.name != "ddp":
+        if not isinstance(self.strategy, JoinsUnevenInputs):
             if self.num_processes > 1:
                 warnings.warn(
                     f"join_uneven_inputs supports DDP only; with strategy "
@@ -474,8 +468,6 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
                 )
             yield
             return
-        from torch.distributed.algorithms.join import Join
-
         restore: list[tuple[Any, bool]] = []
         if even_batches is None:
             even_batches = self.even_batches
@@ -494,7 +486,7 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
                 restore.append((owner, owner.even_batches))
                 owner.even_batches = even_batches
         try:
-            with Join(joinables, enable=not even_batches, throw_on_early_termination=False):
+            with self.strategy.join(joinables, enable=not even_batches):
                 yield
         finally:
             for owner, value in restore:

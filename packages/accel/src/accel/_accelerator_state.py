@@ -102,18 +102,16 @@ class AcceleratorState(PartialState):
         if "distributed_type" in AcceleratorState._assigned:
             return AcceleratorState._assigned["distributed_type"]
         self._check_live("distributed_type")
-        name = getattr(AcceleratorState._choices.get("strategy"), "name", "")
-        engine = {"deepspeed": DistributedType.DEEPSPEED, "fsdp": DistributedType.FSDP}.get(name)
-        return engine or self.topology.distributed_type
+        strategy = AcceleratorState._choices.get("strategy")
+        topology = self.topology.distributed_type
+        return topology if strategy is None else strategy.distributed_type(topology)
 
     @property
     def fsdp_plugin(self) -> Any:
         """The FSDP2 plugin of the run (None when it does not shard with FSDP2)."""
         self._check_live("fsdp_plugin")
         strategy = AcceleratorState._choices.get("strategy")
-        if getattr(strategy, "name", "") != "fsdp":
-            return None
-        return getattr(strategy, "plugin", None)
+        return None if strategy is None else strategy.fsdp_plugin
 
     @property
     def deepspeed_plugins(self) -> dict[str, Any] | None:
@@ -144,7 +142,7 @@ class AcceleratorState(PartialState):
                 "select_deepspeed_plugin: this run has no DeepSpeed plugins; pass "
                 "Accelerator(deepspeed_plugins={name: DeepSpeedPlugin(...)})."
             )
-        strategy.select_plugin(name)
+        strategy.select_engine_plugin(name)
 
     # -- assignment and reading, as accelerate's shared-dict state allows ------------------
     def __setattr__(self, name: str, value: Any) -> None:

@@ -494,7 +494,7 @@ def _check_map_location(map_location: Any) -> None:
 
 def _mesh_dims(strategy: Any) -> dict[str, int] | None:
     """{dimension: size} of the strategy's device mesh (None without one)."""
-    mesh = getattr(strategy, "device_mesh", None)
+    mesh = strategy.device_mesh
     names = getattr(mesh, "mesh_dim_names", None)
     if mesh is None or names is None:
         return None

@@ -27,7 +27,7 @@ def _name(base: str, index: int) -> str:
 
 def _strategy(accelerator: Any, what: str) -> Any:
     strategy = accelerator.strategy
-    if strategy.name != "fsdp":
+    if strategy.fsdp_plugin is None:
         raise ValueError(
             f"{what} needs an Accelerator that runs FSDP2 (fsdp_plugin=...); this one runs "
             f"{strategy.name!r}. Use accelerator.save_state / load_state instead."

@@ -1,0 +1,151 @@
+"""The registry and the one resolver: every source of configuration, in its order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from accel_parallel import (
+    DDPStrategy,
+    DeepSpeedPlugin,
+    DistributedDataParallelKwargs,
+    FSDP2Strategy,
+    FullyShardedDataParallelPlugin,
+    JoinsUnevenInputs,
+    MegatronLMPlugin,
+    MeshStrategy,
+    ParallelismConfig,
+    PipelineStrategy,
+    ProcessInfo,
+    SingleDeviceStrategy,
+    Strategy,
+    StrategyRequest,
+    TorchTensorParallelPlugin,
+    register_strategy,
+    registered_strategies,
+    resolve_strategy,
+)
+
+CPU = torch.device("cpu")
+ONE, FOUR = ProcessInfo(CPU), ProcessInfo(CPU, num_processes=4)
+
+
+def _strategy(info: ProcessInfo, **kw) -> Strategy:
+    return resolve_strategy(info, **kw).strategy
+
+
+def test_every_builtin_engine_is_registered_by_its_module() -> None:
+    assert set(registered_strategies()) >= {
+        "single_device", "ddp", "fsdp", "deepspeed", "mesh", "pipeline",
+    }  # fmt: skip
+
+
+def test_claims_follow_the_processes_plugins_launch_and_mesh() -> None:
+    assert isinstance(_strategy(ONE), SingleDeviceStrategy)
+    assert isinstance(_strategy(FOUR), DDPStrategy)
+    plugin = FullyShardedDataParallelPlugin()
+    assert isinstance(_strategy(ONE, fsdp_plugin=plugin), FSDP2Strategy)
+    launched = {"distributed_type": "FSDP", "fsdp_config": {"fsdp_reshard_after_forward": False}}
+    chosen = _strategy(FOUR, launch_config=launched)
+    assert isinstance(chosen, FSDP2Strategy) and chosen.plugin.reshard_after_forward is False
+    # A plugin in code wins over the launch's distributed_type.
+    assert isinstance(
+        _strategy(FOUR, fsdp_plugin=plugin, launch_config={"distributed_type": "DEEPSPEED"}),
+        FSDP2Strategy,
+    )
+    mesh = resolve_strategy(FOUR, parallelism_config=ParallelismConfig(dp_shard_size=2, tp_size=2))
+    assert isinstance(mesh.strategy, MeshStrategy) and mesh.parallelism_config.tp_size == 2
+    pipe = _strategy(FOUR, parallelism_config=ParallelismConfig(pp_size=2, dp_shard_size=2))
+    assert isinstance(pipe, PipelineStrategy)
+    # accelerate's PARALLELISM_CONFIG_* variables, and the launch section, are sources too.
+    env = {"PARALLELISM_CONFIG_TP_SIZE": "2", "PARALLELISM_CONFIG_DP_SHARD_SIZE": "2"}
+    assert isinstance(_strategy(FOUR, environ=env), MeshStrategy)
+    section = {"parallelism_config": {"parallelism_config_tp_size": 4}}
+    assert resolve_strategy(FOUR, launch_config=section).parallelism_config.tp_size == 4
+    # TP plugin and Megatron's settings are translated into the same config.
+    tp = resolve_strategy(FOUR, torch_tp_plugin=TorchTensorParallelPlugin(tp_size=2))
+    assert isinstance(tp.strategy, MeshStrategy) and tp.parallelism_config.tp_size == 2
+    megatron = resolve_strategy(
+        FOUR,
+        megatron_lm_plugin=MegatronLMPlugin(
+            tp_degree=2, use_distributed_optimizer=True, gradient_clipping=0.5
+        ),
+    )
+    assert megatron.parallelism_config.tp_size == 2 and megatron.strategy.clip_norm == 0.5
+
+
+def test_a_name_or_an_instance_picks_the_strategy() -> None:
+    assert isinstance(_strategy(FOUR, strategy="fsdp"), FSDP2Strategy)
+    assert isinstance(_strategy(ONE, strategy="ddp"), DDPStrategy)
+    mine = SingleDeviceStrategy(ONE)
+    assert _strategy(ONE, strategy=mine) is mine
+    with pytest.raises(ValueError, match="Unknown strategy 'zero'; registered: .*'ddp'"):
+        _strategy(ONE, strategy="zero")
+    with pytest.raises(ValueError, match="cannot run 4 processes"):
+        _strategy(FOUR, strategy="single_device")
+    with pytest.raises(ValueError, match="ready strategy; it takes no fsdp_plugin"):
+        _strategy(ONE, strategy=mine, fsdp_plugin=FullyShardedDataParallelPlugin())
+    with pytest.raises(TypeError, match="expected a registered name"):
+        _strategy(ONE, strategy=3)
+    with pytest.raises(ValueError, match="strategy 'mesh' runs a ParallelismConfig"):
+        _strategy(FOUR, strategy="mesh")
+
+
+def test_conflicts_are_named() -> None:
+    with pytest.raises(ValueError, match="fsdp_plugin or deepspeed_plugin, not both"):
+        _strategy(
+            ONE, fsdp_plugin=FullyShardedDataParallelPlugin(), deepspeed_plugin=DeepSpeedPlugin()
+        )
+    with pytest.raises(ValueError, match="not on DeepSpeed"):
+        _strategy(
+            FOUR, deepspeed_plugin=DeepSpeedPlugin(),
+            parallelism_config=ParallelismConfig(tp_size=2, dp_shard_size=2),
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="DistributedDataParallelKwargs apply to DDP"):
+        _strategy(
+            FOUR, ddp_kwargs=DistributedDataParallelKwargs(),
+            parallelism_config=ParallelismConfig(tp_size=2, dp_shard_size=2),
+        )  # fmt: skip
+
+
+def test_capabilities_are_methods_not_names() -> None:
+    from accel_state import DistributedType
+
+    topology = DistributedType.MULTI_CPU
+    assert isinstance(_strategy(FOUR), JoinsUnevenInputs)
+    assert not isinstance(_strategy(FOUR, strategy="fsdp"), JoinsUnevenInputs)
+    fsdp = _strategy(FOUR, strategy="fsdp")
+    assert fsdp.fsdp_plugin is fsdp.plugin and fsdp.distributed_type(topology) == "FSDP"
+    assert (
+        _strategy(FOUR).fsdp_plugin is None
+        and _strategy(FOUR).distributed_type(topology) == topology
+    )
+    tp_only = _strategy(FOUR, parallelism_config=ParallelismConfig(tp_size=4))
+    assert tp_only.fsdp_plugin is None and tp_only.distributed_type(topology) == topology
+    assert _strategy(FOUR).engine_plugins() is None
+
+
+class _Recording(SingleDeviceStrategy):
+    name = "recording"
+
+
+def test_a_new_engine_is_a_registration() -> None:
+    seen: list[StrategyRequest] = []
+
+    def build(request: StrategyRequest) -> Strategy:
+        seen.append(request)
+        return _Recording(request.info)
+
+    register_strategy("recording", build)  # claims nothing: runs only when named
+    try:
+        assert isinstance(_strategy(ONE), SingleDeviceStrategy)
+        chosen = _strategy(ONE, strategy="recording", launch_config={"mixed_precision": "bf16"})
+        assert isinstance(chosen, _Recording) and seen[0].launch == {"mixed_precision": "bf16"}
+        with pytest.raises(ValueError, match="registered already"):
+            register_strategy("recording", lambda request: _Recording(request.info))
+        register_strategy("recording", build, claims=lambda request: 100)
+        assert isinstance(_strategy(FOUR), _Recording)  # the strongest claim wins
+    finally:
+        from accel_parallel import _registry
+
+        _registry._REGISTRY.pop("recording")
