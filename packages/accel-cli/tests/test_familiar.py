@@ -9,13 +9,16 @@ import subprocess
 
 import pytest
 
-from accel_cli._config_args import BaseConfig, ClusterConfig, SageMakerConfig, load_config_from_file
-from accel_cli._familiar import (
-    _convert_nargs_to_dict,
-    _validate_launch_command,
+from accel_cli.familiar import (
+    BaseConfig,
+    ClusterConfig,
+    SageMakerConfig,
+    convert_nargs_to_dict,
     launch_command_parser,
+    load_config_from_file,
     prepare_multi_gpu_env,
     prepare_simple_launcher_cmd_env,
+    validate_launch_command,
 )
 from accel_cli.main import main
 
@@ -84,7 +87,7 @@ def test_validate_fills_from_the_file_and_keeps_flags(tmp_path) -> None:
     args = launch_command_parser().parse_args(
         ["--num_processes", "2", "--config_file", str(cfg), "t.py"]
     )
-    args, defaults, _ = _validate_launch_command(args)
+    args, defaults, _ = validate_launch_command(args)
     assert args.debug is True and args.num_processes == 2 and args.use_fsdp is True
     assert args.fsdp_sync_module_states is False and isinstance(defaults, ClusterConfig)
 
@@ -129,7 +132,7 @@ def test_config_dataclasses_round_trip(tmp_path) -> None:
 
 
 def test_to_fsdp2_errors_have_accelerates_types(tmp_path) -> None:
-    from accel_cli.main import to_fsdp2_command
+    from accel_cli.familiar import to_fsdp2_command
 
     def ns(**kw):
         return argparse.Namespace(**{"output_file": None, "overwrite": False, **kw})
@@ -147,7 +150,7 @@ def test_to_fsdp2_errors_have_accelerates_types(tmp_path) -> None:
 def test_tpu_config_prints_the_gcloud_command(capsys, monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))  # no default config file
     monkeypatch.delenv("ACCEL_CONFIG_FILE", raising=False)
-    from accel_cli._tpu import tpu_command_launcher, tpu_command_parser
+    from accel_cli.familiar import tpu_command_launcher, tpu_command_parser
 
     args = tpu_command_parser().parse_args(
         ["--command", "ls", "--tpu_zone", "z", "--tpu_name", "t", "--install_accelerate", "--debug"]
@@ -167,14 +170,14 @@ def test_tpu_config_prints_the_gcloud_command(capsys, monkeypatch, tmp_path) -> 
 
 
 def test_convert_nargs_to_dict_infers_types() -> None:
-    out = _convert_nargs_to_dict(["--a", "x", "--b", "False", "--c", "3", "--d", "0.5"])
+    out = convert_nargs_to_dict(["--a", "x", "--b", "False", "--c", "3", "--d", "0.5"])
     assert out == {"a": "x", "b": False, "c": 3, "d": 0.5}
     with pytest.raises(ValueError, match="no value"):
-        _convert_nargs_to_dict(["--flag", "--a", "x"])
+        convert_nargs_to_dict(["--flag", "--a", "x"])
 
 
 def test_familiar_launch_raises_when_the_script_fails(tmp_path) -> None:
-    from accel_cli._familiar import launch_command
+    from accel_cli.familiar import launch_command
 
     script = tmp_path / "fail.py"
     script.write_text("raise SystemExit(3)\n")

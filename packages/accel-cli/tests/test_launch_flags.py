@@ -17,7 +17,7 @@ import pytest
 from accel_cli import _flags
 from accel_cli._affinity import core_share
 from accel_cli._command import find_mpirun, mpirun_command, with_rendezvous
-from accel_cli._parser import build_parser
+from accel_cli._commands import build_parser
 from accel_cli._resolve import resolve_launch_config
 from accel_cli.main import main
 
@@ -291,11 +291,11 @@ def test_debug_affinity_dynamo_and_fp8_reach_the_workers(tmp_path, capsys):
 
 
 def test_multi_gpu_uses_every_visible_gpu(tmp_path, capsys, monkeypatch):
-    import accel_cli.main as cli
+    from accel_cli._commands import launch
 
     script = tmp_path / "s.py"
     script.write_text("")
-    monkeypatch.setattr(cli, "visible_gpus", lambda environ: 0)
+    monkeypatch.setattr(launch, "visible_gpus", lambda environ: 0)
     assert main(["launch", "--dry_run", "--multi_gpu", str(script)]) == 2
     assert "Pass --num_processes N to start N processes on the CPU" in capsys.readouterr().err
     # No GPU, a count given: accelerate's launch starts that many CPU processes over gloo.
@@ -305,7 +305,7 @@ def test_multi_gpu_uses_every_visible_gpu(tmp_path, capsys, monkeypatch):
     cmd = out.out.splitlines()[0].split()
     assert cmd[cmd.index("--nproc-per-node") + 1] == "2"
     assert '"cpu": true' in out.out
-    monkeypatch.setattr(cli, "visible_gpus", lambda environ: 3)
+    monkeypatch.setattr(launch, "visible_gpus", lambda environ: 3)
     cmd, env = _dry_run(capsys, "--multi_gpu", str(script))
     assert cmd[cmd.index("--nproc-per-node") + 1] == "3"
     cmd, _ = _dry_run(capsys, "--multi_gpu", "--num_processes", "2", str(script))

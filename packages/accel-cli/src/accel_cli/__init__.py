@@ -1,7 +1,9 @@
 """accel-cli: the `accel` command (launch, config, env) and the pieces it is made of.
 
-The command itself is `accel_cli.main:main`. Importing this package does nothing and does
-not import torch.
+The command itself is `accel_cli.main:main`, its subcommands the modules of `_commands`.
+accelerate's command-line names (the ones `accel.commands.*` and `accel.utils.launch`
+re-export) are in `accel_cli.familiar`. Importing this package does nothing and does not
+import torch.
 """
 
 from accel_cli._command import build_command, build_env, free_port, with_rendezvous
@@ -14,7 +16,8 @@ from accel_cli._config import (
     write_config_file,
 )
 from accel_cli._environment import ENV_ACCEL_CONFIG, ENV_CONFIG_FILE, default_config_path
-from accel_cli._resolve import LaunchConfig, Resolution, resolve_launch_config
+from accel_cli._launch_config import LaunchConfig
+from accel_cli._resolve import Resolution, resolve_launch_config
 
 __version__ = "0.1.0"
 

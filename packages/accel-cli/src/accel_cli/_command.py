@@ -35,7 +35,7 @@ from accel_cli._environment import (
     ENV_MASTER_PORT,
     ENV_OMP_NUM_THREADS,
 )
-from accel_cli._resolve import LaunchConfig
+from accel_cli._launch_config import LaunchConfig
 
 DEFAULT_MAIN_PROCESS_PORT = 29500
 LOOPBACK = "127.0.0.1"

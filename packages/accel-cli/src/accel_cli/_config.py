@@ -19,6 +19,7 @@ from typing import Any
 
 from accel_cli import _schema
 from accel_cli._environment import ENV_CONFIG_FILE, default_config_path
+from accel_cli._refusals import section_refusals
 
 
 class ConfigError(ValueError):
@@ -169,8 +170,6 @@ def _refused(
     for section, why in _schema.REFUSED_SECTIONS.items():
         if data.get(section) and kind not in _schema.REFUSED_TYPES:
             out.append(f"{section} {where}: {why}. Remove the section.")
-    from accel_cli._refusals import section_refusals
-
     out += [f"{msg} ({where})" for msg in section_refusals(handed_down)]
     return tuple(out)
 

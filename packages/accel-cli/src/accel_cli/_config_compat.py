@@ -52,7 +52,7 @@ def get_sagemaker_input() -> NoReturn:
 
 def get_config_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     """The `accel config` parser (with its default/show/validate/update subcommands)."""
-    from accel_cli._parser import build_parser
+    from accel_cli._commands import build_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

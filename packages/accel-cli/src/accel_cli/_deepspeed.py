@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from accel_cli._config import ConfigError
 from accel_cli._flags import DEEPSPEED_LAUNCHERS
-from accel_cli._resolve import LaunchConfig
+from accel_cli._launch_config import LaunchConfig
 
 ENTRY_MODULE = "accel_cli._deepspeed_entry"
 

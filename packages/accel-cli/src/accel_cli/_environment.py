@@ -62,3 +62,11 @@ def default_config_path(environ: Mapping[str, str] | None = None) -> Path:
         home = env.get("HOME") or str(Path.home())
         base = str(Path(home) / ".config")
     return Path(base).expanduser() / "accel" / DEFAULT_CONFIG_NAME
+
+
+_TRUE = ("1", "true", "yes", "y", "on", "t")
+
+
+def env_wants_cpu(environ: Mapping[str, str]) -> bool:
+    """Whether $ACCEL_USE_CPU or $ACCELERATE_USE_CPU asks for a CPU run."""
+    return any(str(environ.get(name, "")).strip().lower() in _TRUE for name in ENV_USE_CPU)

@@ -18,14 +18,11 @@ context, communication buffers or temporary copies: budget 10-20% more.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from accel_cli._model_shapes import Dims, ModelShape, load_shape
+from accel_cli._model_shapes import Dims, ModelShape
 
 LOAD_BYTES = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "int8": 1.0, "int4": 0.5}
 # bytes per parameter with Adam: (weights, gradients, optimizer states incl. master weights)
@@ -184,24 +181,3 @@ def render(report: dict[str, Any]) -> str:
     for paragraph in footer:
         lines += textwrap.wrap(paragraph, width=92)
     return "\n".join(lines)
-
-
-def estimate_command(args: argparse.Namespace) -> int:
-    """`accel estimate-memory SOURCE`: print the table (or --json)."""
-    from accel_cli._config import ConfigError
-
-    for name in ("num_processes", "batch_size", "seq_len"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise ConfigError(f"--{name} {value}: expected at least 1.")
-    shape = load_shape(args.model_name, os.environ)
-    dtypes = list(dict.fromkeys(args.dtypes))
-    report = estimate(
-        shape,
-        dtypes,
-        args.num_processes or DEFAULT_PROCESSES,
-        args.batch_size or 1,
-        args.seq_len or DEFAULT_SEQ_LEN,
-    )
-    print(json.dumps(report, indent=2) if args.json else render(report))
-    return 0

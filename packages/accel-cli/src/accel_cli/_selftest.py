@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from accel_cli._command import build_command, build_env, physical_cores, with_rendezvous
-from accel_cli._resolve import LaunchConfig
+from accel_cli._launch_config import LaunchConfig
 
 PARTS = {
     "start": "processes start",

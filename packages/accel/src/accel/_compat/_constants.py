@@ -3,25 +3,25 @@
 from __future__ import annotations
 
 # defined once, in accel-cli (its config dataclasses and launcher use them)
-from accel_cli._constants import (
+from accel_cli.familiar import (
     DEEPSPEED_MULTINODE_LAUNCHERS as DEEPSPEED_MULTINODE_LAUNCHERS,
 )
-from accel_cli._constants import (
+from accel_cli.familiar import (
     FSDP2_STATE_DICT_TYPE as FSDP2_STATE_DICT_TYPE,
 )
-from accel_cli._constants import (
+from accel_cli.familiar import (
     SAGEMAKER_PARALLEL_EC2_INSTANCES as SAGEMAKER_PARALLEL_EC2_INSTANCES,
 )
-from accel_cli._constants import (
+from accel_cli.familiar import (
     SAGEMAKER_PYTHON_VERSION as SAGEMAKER_PYTHON_VERSION,
 )
-from accel_cli._constants import (
+from accel_cli.familiar import (
     SAGEMAKER_PYTORCH_VERSION as SAGEMAKER_PYTORCH_VERSION,
 )
-from accel_cli._constants import (
+from accel_cli.familiar import (
     SAGEMAKER_TRANSFORMERS_VERSION as SAGEMAKER_TRANSFORMERS_VERSION,
 )
-from accel_cli._constants import (
+from accel_cli.familiar import (
     TORCH_DYNAMO_MODES as TORCH_DYNAMO_MODES,
 )
 

@@ -137,9 +137,9 @@ def cli_command(name: str) -> Callable[[argparse.Namespace], int]:
     """The function that runs the `accel` subcommand `name` on parsed arguments."""
 
     def run(args: argparse.Namespace) -> int:
-        from accel_cli import main as cli
+        from accel_cli import familiar
 
-        return getattr(cli, name)(args)
+        return getattr(familiar, name)(args)
 
     run.__name__ = name
     return run
@@ -150,7 +150,7 @@ def cli_parser(*path: str) -> Callable[..., argparse.ArgumentParser]:
     (the whole `accel` parser for an empty path)."""
 
     def parser(subparsers: Any = None) -> argparse.ArgumentParser:
-        from accel_cli._parser import build_parser
+        from accel_cli.familiar import build_parser
 
         found = build_parser()
         for step in path:

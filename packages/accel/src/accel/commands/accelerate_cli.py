@@ -19,9 +19,7 @@ from accel.commands.test import (
 from accel.commands.to_fsdp2 import (
     to_fsdp2_command_parser,
 )
-from accel_cli._argparse import CustomArgumentParser
-from accel_cli._config_compat import get_config_parser
-from accel_cli._tpu import tpu_command_parser
+from accel_cli.familiar import CustomArgumentParser, get_config_parser, tpu_command_parser
 
 main = cli_main()
 

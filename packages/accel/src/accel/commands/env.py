@@ -9,16 +9,14 @@ from accel._compat._imports import (
     is_mps_available,
 )
 from accel._compat._misc import cli_main, cli_parser
-from accel_cli._config_args import (
-    load_config_from_file,
-)
+from accel_cli.familiar import load_config_from_file
 
 env_command_parser = cli_parser("env")
 
 
 def env_command(args: argparse.Namespace) -> dict[str, Any]:
     """Print and return the environment report (finding `accel` with this module's `which`)."""
-    from accel_cli._env_report import env_info
+    from accel_cli.familiar import env_info
 
     return env_info(os.environ, getattr(args, "config_file", None), lambda name: which(name))
 

@@ -12,8 +12,8 @@ from accel_bigmodel import (
     calculate_maximum_sizes,
     init_empty_weights,
 )
-from accel_cli._argparse import CustomArgumentParser
-from accel_cli._estimate_compat import (
+from accel_cli.familiar import (
+    CustomArgumentParser,
     add_timm_hub_prefix,
     check_has_model,
     create_ascii_table,

@@ -23,20 +23,22 @@ from accel._compat._left_out import (
     tpu_pod_launcher,
 )
 from accel._compat._misc import cli_main
-from accel_cli._argparse import CustomArgumentParser, CustomHelpFormatter, clean_option
-from accel_cli._config_args import ComputeEnvironment, SageMakerConfig, load_config_from_file
-from accel_cli._constants import (
+from accel_cli.familiar import (
     DEEPSPEED_MULTINODE_LAUNCHERS,
     DYNAMO_BACKENDS,
     TORCH_DYNAMO_MODES,
-)
-from accel_cli._familiar import (
-    _validate_launch_command,
+    ComputeEnvironment,
+    CustomArgumentParser,
+    CustomHelpFormatter,
+    SageMakerConfig,
+    clean_option,
     launch_command,
     launch_command_parser,
+    load_config_from_file,
     prepare_multi_gpu_env,
     prepare_simple_launcher_cmd_env,
 )
+from accel_cli.familiar import validate_launch_command as _validate_launch_command
 from accel_state import (
     DistributedType,
 )

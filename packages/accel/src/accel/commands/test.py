@@ -1,7 +1,7 @@
 """Familiar path `accelerate.commands.test`: re-exports from the packages that own the code."""
 
 from accel._compat._misc import cli_command, cli_main, cli_parser
-from accel_cli._selftest import execute_subprocess_async, path_in_accelerate_package
+from accel_cli.familiar import execute_subprocess_async, path_in_accelerate_package
 
 main = cli_main("test")
 test_command = cli_command("test_command")

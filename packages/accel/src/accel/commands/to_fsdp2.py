@@ -3,11 +3,11 @@
 import argparse
 
 from accel._compat._misc import cli_parser
-from accel_cli._argparse import CustomArgumentParser
-from accel_cli._migrate import (
+from accel_cli.familiar import (
     ARGUMENT_KEY_MAPPING,
     ARGUMENT_VALUE_MAPPING,
     ConversionStatus,
+    CustomArgumentParser,
     convert_config_to_fsdp2,
     load_config,
 )
@@ -17,7 +17,7 @@ to_fsdp2_command_parser = cli_parser("to-fsdp2")
 
 def to_fsdp2_command(args: argparse.Namespace) -> int:
     """`accel to-fsdp2`, reading the file through this module's `load_config`."""
-    from accel_cli.main import to_fsdp2_command as run
+    from accel_cli.familiar import to_fsdp2_command as run
 
     return run(args, load_config=lambda path: load_config(path))
 

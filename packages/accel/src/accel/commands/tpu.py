@@ -1,9 +1,6 @@
 """Familiar path `accelerate.commands.tpu`: re-exports from the packages that own the code."""
 
-from accel_cli._config_args import (
-    load_config_from_file,
-)
-from accel_cli._tpu import tpu_command_launcher, tpu_command_parser
+from accel_cli.familiar import load_config_from_file, tpu_command_launcher, tpu_command_parser
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Familiar path `accelerate.commands.utils`: re-exports from the packages that own the code."""
 
-from accel_cli._argparse import CustomArgumentGroup, CustomArgumentParser
+from accel_cli.familiar import CustomArgumentGroup, CustomArgumentParser
 
 __all__ = []
 

@@ -231,8 +231,11 @@ from accel_bigmodel import (
     save_offload_index,
     set_module_tensor_to_device,
 )
-from accel_cli._config_args import ComputeEnvironment
-from accel_cli._familiar import prepare_multi_gpu_env, prepare_simple_launcher_cmd_env
+from accel_cli.familiar import (
+    ComputeEnvironment,
+    prepare_multi_gpu_env,
+    prepare_simple_launcher_cmd_env,
+)
 from accel_data import DataLoaderConfiguration
 from accel_parallel import (
     DDPCommunicationHookType,

@@ -54,7 +54,7 @@ from accel._compat._versions import (
     compare_versions,
     is_torch_version,
 )
-from accel_cli._config_args import ComputeEnvironment
+from accel_cli.familiar import ComputeEnvironment
 from accel_data import DataLoaderConfiguration
 from accel_parallel import (
     DDPCommunicationHookType,

@@ -34,12 +34,9 @@ from accel._compat._other import (
 from accel._compat._versions import (
     compare_versions,
 )
-from accel_cli._config_args import SageMakerConfig
-from accel_cli._familiar import (
-    _convert_nargs_to_dict,
-    prepare_multi_gpu_env,
-)
-from accel_cli._familiar import (
+from accel_cli.familiar import SageMakerConfig, prepare_multi_gpu_env
+from accel_cli.familiar import convert_nargs_to_dict as _convert_nargs_to_dict
+from accel_cli.familiar import (
     prepare_simple_launcher_cmd_env as _prepare_simple_launcher_cmd_env,
 )
 from accel_state import (

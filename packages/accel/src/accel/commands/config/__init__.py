@@ -11,7 +11,7 @@ from accel.commands.config.default import (
 from accel.commands.config.update import (
     update_command_parser,
 )
-from accel_cli._config_compat import get_config_parser
+from accel_cli.familiar import get_config_parser
 
 main = cli_main("config")
 

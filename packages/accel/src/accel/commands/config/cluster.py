@@ -15,13 +15,14 @@ from accel._compat._imports import (
     is_transformer_engine_available,
     is_transformers_available,
 )
-from accel_cli._config_args import ClusterConfig, ComputeEnvironment
-from accel_cli._config_compat import get_cluster_input
-from accel_cli._constants import (
+from accel_cli.familiar import (
     DEEPSPEED_MULTINODE_LAUNCHERS,
     DYNAMO_BACKENDS,
     FSDP2_STATE_DICT_TYPE,
     TORCH_DYNAMO_MODES,
+    ClusterConfig,
+    ComputeEnvironment,
+    get_cluster_input,
 )
 from accel_state import (
     DistributedType,

@@ -1,11 +1,13 @@
 """Familiar path `accelerate.commands.config.config`: re-exports from the packages that own the code."""
 
 from accel._compat._misc import cli_command, cli_main, cli_parser
-from accel_cli._config_args import (
+from accel_cli.familiar import (
     ComputeEnvironment,
+    get_cluster_input,
+    get_sagemaker_input,
+    get_user_input,
     load_config_from_file,
 )
-from accel_cli._config_compat import get_cluster_input, get_sagemaker_input, get_user_input
 
 config_command = cli_command("config_questionnaire_command")
 

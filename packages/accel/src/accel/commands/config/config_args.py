@@ -3,19 +3,17 @@
 from accel._compat._left_out import (
     SageMakerDistributedType,
 )
-from accel_cli._config_args import (
+from accel_cli import default_config_path
+from accel_cli.familiar import (
+    SAGEMAKER_PYTHON_VERSION,
+    SAGEMAKER_PYTORCH_VERSION,
+    SAGEMAKER_TRANSFORMERS_VERSION,
     BaseConfig,
     ClusterConfig,
     ComputeEnvironment,
     SageMakerConfig,
     load_config_from_file,
 )
-from accel_cli._constants import (
-    SAGEMAKER_PYTHON_VERSION,
-    SAGEMAKER_PYTORCH_VERSION,
-    SAGEMAKER_TRANSFORMERS_VERSION,
-)
-from accel_cli._environment import default_config_path
 from accel_state import (
     DistributedType,
 )

@@ -7,10 +7,12 @@ from accel._compat._extras import (
 from accel._compat._left_out import (
     SageMakerDistributedType,
 )
-from accel_cli._argparse import SubcommandHelpFormatter
-from accel_cli._config_args import ComputeEnvironment
-from accel_cli._config_compat import BulletMenu
-from accel_cli._constants import DYNAMO_BACKENDS
+from accel_cli.familiar import (
+    DYNAMO_BACKENDS,
+    BulletMenu,
+    ComputeEnvironment,
+    SubcommandHelpFormatter,
+)
 from accel_state import (
     DistributedType,
     PrecisionType,

@@ -1,8 +1,7 @@
 """Familiar path `accelerate.commands.config.default`: re-exports from the packages that own the code."""
 
 from accel._compat._misc import cli_command, cli_parser, write_basic_config
-from accel_cli._argparse import SubcommandHelpFormatter
-from accel_cli._config_args import ClusterConfig
+from accel_cli.familiar import ClusterConfig, SubcommandHelpFormatter
 
 default_command_parser = cli_parser("config", "default")
 default_config_command = cli_command("config_default_command")

@@ -6,12 +6,13 @@ from accel._compat._imports import (
 from accel._compat._left_out import (
     SageMakerDistributedType,
 )
-from accel_cli._config_args import ComputeEnvironment, SageMakerConfig
-from accel_cli._config_compat import get_sagemaker_input
-from accel_cli._constants import (
+from accel_cli.familiar import (
     DYNAMO_BACKENDS,
     SAGEMAKER_PARALLEL_EC2_INSTANCES,
     TORCH_DYNAMO_MODES,
+    ComputeEnvironment,
+    SageMakerConfig,
+    get_sagemaker_input,
 )
 
 __all__ = []

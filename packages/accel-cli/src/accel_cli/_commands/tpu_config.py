@@ -1,4 +1,4 @@
-"""`tpu-config`: run setup commands on every worker of a Cloud TPU VM through `gcloud`.
+"""`accel tpu-config`: run setup commands on every worker of a Cloud TPU VM through `gcloud`.
 
 accel does not train on TPUs; this only composes (and with --debug prints) the `gcloud
 compute tpus tpu-vm ssh` command that accelerate's `tpu-config` runs, so existing setup
@@ -12,7 +12,26 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from accel_cli._commands._common import say
+
+NAME = "tpu-config"
 _DESCRIPTION = "Run commands across TPU VMs for initial setup before running `accel launch`."
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = tpu_command_parser(subparsers)
+    parser.set_defaults(subcommand=NAME)  # its --command would hide the subcommand's name
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Compose (and run, or print under --debug) the gcloud command; 2 when it cannot."""
+    try:
+        tpu_command_launcher(args)
+    except ValueError as err:
+        say(f"error: {err}")
+        return 2
+    return 0
 
 
 def tpu_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:

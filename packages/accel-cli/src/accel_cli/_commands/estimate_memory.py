@@ -1,0 +1,66 @@
+"""`accel estimate-memory SOURCE`: the memory a model needs to load and to train, offline."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from accel_cli._commands._common import add_flag
+from accel_cli._config import ConfigError
+
+NAME = "estimate-memory"
+HELP = "Estimate the memory a model needs to load and to train, offline."
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        NAME,
+        help=HELP,
+        description="SOURCE is a folder with a transformers-style config.json, a .safetensors "
+        "file or a folder of shards (only the headers are read), or MODULE:FACTORY, a function "
+        "that builds a torch model (built on the meta device, so no memory is used). Prints "
+        "per dtype the largest layer, the total and training with Adam, then per-process "
+        "figures for DDP, FSDP2 and ZeRO-1/2/3 and an activation estimate.",
+    )
+    # accelerate names the positional `model_name`; scripts and tests read it by that name.
+    p.add_argument(
+        "model_name", metavar="SOURCE", help="Folder, .safetensors file or MODULE:FACTORY."
+    )
+    p.add_argument(
+        "--dtypes",
+        nargs="+",
+        metavar="DTYPE",
+        default=["float32", "float16", "int8", "int4"],
+        choices=["float32", "float16", "bfloat16", "int8", "int4"],
+        help="Rows of the table (default: float32 float16 int8 int4).",
+    )
+    add_flag(
+        p, "num_processes", type=int, metavar="N", help="Processes for the per-process figures."
+    )
+    add_flag(p, "batch_size", type=int, metavar="N", help="Per-process batch for activations.")
+    add_flag(p, "seq_len", type=int, metavar="N", help="Sequence length for activations.")
+    p.add_argument("--json", action="store_true", help="Print one JSON object instead.")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the table (or --json); the model's shape is read only here."""
+    from accel_cli import _estimate
+    from accel_cli._model_shapes import load_shape
+
+    for name in ("num_processes", "batch_size", "seq_len"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{name} {value}: expected at least 1.")
+    shape = load_shape(args.model_name, os.environ)
+    dtypes = list(dict.fromkeys(args.dtypes))
+    report = _estimate.estimate(
+        shape,
+        dtypes,
+        args.num_processes or _estimate.DEFAULT_PROCESSES,
+        args.batch_size or 1,
+        args.seq_len or _estimate.DEFAULT_SEQ_LEN,
+    )
+    print(json.dumps(report, indent=2) if args.json else _estimate.render(report))
+    return 0
