@@ -1,4 +1,4 @@
-"""Strategies: selection, single device, and DDP with its communication hooks on 2 gloo ranks."""
+"""Strategies: single device, and DDP with its communication hooks on 2 gloo ranks."""
 
 from __future__ import annotations
 
@@ -10,30 +10,11 @@ from accel_parallel import (
     DDPCommunicationHookType,
     DDPStrategy,
     DistributedDataParallelKwargs,
-    FSDP2Strategy,
-    FullyShardedDataParallelPlugin,
     ProcessInfo,
     SingleDeviceStrategy,
-    select_strategy,
 )
 
 CPU = torch.device("cpu")
-
-
-def test_selection_follows_the_number_of_processes() -> None:
-    assert isinstance(select_strategy(ProcessInfo(CPU)), SingleDeviceStrategy)
-    assert isinstance(select_strategy(ProcessInfo(CPU, num_processes=2)), DDPStrategy)
-    with pytest.raises(ValueError, match="cannot run 2 processes"):
-        select_strategy(ProcessInfo(CPU, num_processes=2), name="single_device")
-    with pytest.raises(TypeError, match="must be a DeepSpeedPlugin"):
-        select_strategy(ProcessInfo(CPU), deepspeed_plugin=object())
-    plugin = FullyShardedDataParallelPlugin()
-    assert isinstance(select_strategy(ProcessInfo(CPU), fsdp_plugin=plugin), FSDP2Strategy)
-    launched = {"distributed_type": "FSDP", "fsdp_config": {"fsdp_reshard_after_forward": False}}
-    chosen = select_strategy(ProcessInfo(CPU, num_processes=2), launch_config=launched)
-    assert isinstance(chosen, FSDP2Strategy) and chosen.plugin.reshard_after_forward is False
-    with pytest.raises(ValueError, match="Unknown strategy 'zero'"):
-        select_strategy(ProcessInfo(CPU), name="zero")
 
 
 def test_single_device_moves_and_unwraps() -> None:

@@ -720,7 +720,7 @@ def test_auto_values_nothing_can_fill_are_errors_naming_the_key():
 
 
 def test_launch_section_keys_and_a_missing_deepspeed(monkeypatch):
-    from accel_parallel import ProcessInfo, select_strategy
+    from accel_parallel import ProcessInfo, resolve_strategy
     from accel_parallel._deepspeed_plugin import DeepSpeedPlugin
 
     plugin = DeepSpeedPlugin.from_launch_config(
@@ -736,7 +736,7 @@ def test_launch_section_keys_and_a_missing_deepspeed(monkeypatch):
         lambda name, *a: None if name == "deepspeed" else real(name, *a),
     )
     with pytest.raises(ImportError, match=r"pip install accel-parallel\[deepspeed\]"):
-        select_strategy(ProcessInfo(torch.device("cpu")), deepspeed_plugin=DeepSpeedPlugin())
+        resolve_strategy(ProcessInfo(torch.device("cpu")), deepspeed_plugin=DeepSpeedPlugin())
 
 
 def test_written_accumulation_steps_win_over_the_accelerator_at_prepare():

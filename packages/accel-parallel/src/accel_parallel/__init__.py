@@ -6,7 +6,6 @@ name (`register_strategy`); `resolve_strategy` picks one once, from every source
 configuration.
 """
 
-from accel_parallel._checkpoint_files import merge_fsdp_weights
 from accel_parallel._ddp import (
     DDPCommunicationHookType,
     DDPStrategy,
@@ -58,6 +57,7 @@ from accel_parallel._registry import (
 from accel_parallel._single import SingleDeviceStrategy
 from accel_parallel._strategy import JoinsUnevenInputs, ProcessInfo, Strategy, no_sync_all
 from accel_parallel._tp import ReplicateParallel, apply_tensor_parallel
+from accel_parallel.checkpoint import merge_fsdp_weights
 
 __version__ = "0.1.0"
 

@@ -24,7 +24,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from accel_parallel._checkpoint_files import engine_tag
 from accel_parallel._deepspeed_fill import fill_auto
 from accel_parallel._deepspeed_parts import (
     cast_inputs,
@@ -46,6 +45,7 @@ from accel_parallel._deepspeed_reshard import (
 )
 from accel_parallel._registry import StrategyRequest, register_strategy
 from accel_parallel._strategy import ProcessInfo, Strategy
+from accel_parallel.checkpoint import engine_tag
 
 logger = logging.getLogger("accel_parallel.deepspeed")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}

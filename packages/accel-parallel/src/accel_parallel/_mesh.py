@@ -24,8 +24,61 @@ from accel_parallel._strategy import ProcessInfo
 from accel_parallel._tp import apply_tensor_parallel
 
 
+class MeshView:
+    """The device mesh of a `ParallelismConfig` as a strategy reads it: the whole mesh, the
+    sub-mesh FSDP2 shards over, and the data-parallel size, rank and group (what loaders,
+    metrics and schedulers count). The mesh and pipeline strategies each hold one."""
+
+    def __init__(self, config: ParallelismConfig, device: torch.device) -> None:
+        self.config = config
+        self.device_type = device.type
+
+    @property
+    def device_mesh(self) -> Any:
+        return self.config.get_device_mesh(self.device_type)
+
+    def fsdp_mesh(self) -> Any:
+        """The sub-mesh FSDP2 shards over (2-D for HSDP)."""
+        return self.config.fsdp_mesh(self.device_type)
+
+    def sub_mesh(self, name: str) -> Any:
+        return self.config.sub_mesh(name, self.device_type)
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.config.data_parallel_size
+
+    @property
+    def data_parallel_rank(self) -> int:
+        return mesh_local_rank(self.config, self.device_mesh, "dp")
+
+    def data_parallel_group(self) -> Any:
+        if not self.config.dp_dim_names:
+            return None
+        return self.sub_mesh("dp").get_group()
+
+
+def check_mesh_run(
+    config: ParallelismConfig, plugin: FullyShardedDataParallelPlugin, device: torch.device
+) -> None:
+    """Refuse what a device-mesh run cannot do."""
+    if config.cp_enabled and device.type != "cuda":
+        raise ValueError(
+            f"ParallelismConfig(cp_size={config.cp_size}): context parallel runs torch's "
+            f"ring attention, which needs the CUDA SDPA kernels; this run is on "
+            f"{device.type!r}. Run on CUDA GPUs, or set cp_size=1."
+        )
+    if plugin.cpu_ram_efficient_loading:
+        raise ValueError(
+            "cpu_ram_efficient_loading=True is not supported with a ParallelismConfig mesh; "
+            "set it to False (every rank loads the weights, then they are split)."
+        )
+
+
 class MeshStrategy(FSDP2Strategy):
-    """Tensor parallel and FSDP2 (or HSDP) over the one device mesh of `config`."""
+    """Tensor parallel, then FSDP2 (or HSDP) over the one device mesh of `config`: FSDP2's
+    sharded state and checkpoints, with `apply_tensor_parallel` on the ``tp`` sub-mesh first
+    and the data-parallel sub-mesh in place of every process."""
 
     sharded = True  # every rank must agree on an fp16 overflow
 
@@ -40,19 +93,10 @@ class MeshStrategy(FSDP2Strategy):
     ) -> None:
         super().__init__(info, plugin, mixed_precision, clip_norm=clip_norm)
         self.config = config
+        self.layout = MeshView(config, info.device)
         self.shards = config.dp_shard_enabled or config.cp_enabled
         self.name = "fsdp" if self.shards else "tp"
-        if config.cp_enabled and info.device.type != "cuda":
-            raise ValueError(
-                f"ParallelismConfig(cp_size={config.cp_size}): context parallel runs torch's "
-                f"ring attention, which needs the CUDA SDPA kernels; this run is on "
-                f"{info.device.type!r}. Run on CUDA GPUs, or set cp_size=1."
-            )
-        if self.plugin.cpu_ram_efficient_loading:
-            raise ValueError(
-                "cpu_ram_efficient_loading=True is not supported with a ParallelismConfig mesh; "
-                "set it to False (every rank loads the weights, then they are split)."
-            )
+        check_mesh_run(config, self.plugin, info.device)
 
     @property
     def fsdp_plugin(self) -> FullyShardedDataParallelPlugin | None:
@@ -64,24 +108,21 @@ class MeshStrategy(FSDP2Strategy):
     # -- the mesh ------------------------------------------------------------------------------
     @property
     def device_mesh(self) -> Any:
-        return self.config.get_device_mesh(self.device.type)
+        return self.layout.device_mesh
 
     def _device_mesh(self) -> Any:
-        """The sub-mesh FSDP2 shards over (2-D for HSDP)."""
-        return self.config.fsdp_mesh(self.device.type)
+        return self.layout.fsdp_mesh()
 
     @property
     def data_parallel_size(self) -> int:
-        return self.config.data_parallel_size
+        return self.layout.data_parallel_size
 
     @property
     def data_parallel_rank(self) -> int:
-        return mesh_local_rank(self.config, self.device_mesh, "dp")
+        return self.layout.data_parallel_rank
 
     def data_parallel_group(self) -> Any:
-        if not self.config.dp_dim_names:
-            return None
-        return self.config.sub_mesh("dp", self.device.type).get_group()
+        return self.layout.data_parallel_group()
 
     # -- preparing -------------------------------------------------------------------------------
     def wrap_model(self, model: nn.Module) -> nn.Module:
@@ -94,14 +135,14 @@ class MeshStrategy(FSDP2Strategy):
             handler = self.config.tp_handler
             apply_tensor_parallel(
                 model,
-                self.config.sub_mesh("tp", self.device.type),
+                self.layout.sub_mesh("tp"),
                 self.config.tp_plan,
                 enable_async_tp=bool(handler and handler.enable_async_tp),
                 sequence_parallel=bool(handler and handler.sequence_parallel),
             )
-        if not self.shards:
-            return model
-        return super().wrap_model(model)
+        if self.shards:
+            self.shard(model)
+        return model
 
     # -- the step ----------------------------------------------------------------------------------
     @contextlib.contextmanager

@@ -25,102 +25,31 @@ from typing import Any
 import torch
 from torch import nn
 
-from accel_parallel._checkpoint_files import pipeline_folder
-from accel_parallel._fsdp import _checkpoint_blocks, _local
-from accel_parallel._mesh import MeshStrategy, mesh_request
-from accel_parallel._pipeline_plan import (
-    PP_SCHEDULES,
-    DecoderStage,
+from accel_parallel import _dtensor
+from accel_parallel._fsdp_plugin import FullyShardedDataParallelPlugin
+from accel_parallel._mesh import MeshView, check_mesh_run, mesh_request
+from accel_parallel._parallelism_config import ParallelismConfig
+from accel_parallel._parallelize import apply_activation_checkpointing, apply_fsdp
+from accel_parallel._pipeline_grads import HeldGradients, PipelineOutput, ScaledLoss, held_loss
+from accel_parallel._pipeline_hf import (
     TokenLoss,
-    build_stages,
-    full_name,
     is_transformers_decoder,
-    stage_to_rank,
-    stage_units,
+    padding_keywords,
+    pipeline_inputs,
     transformers_loss,
 )
-from accel_parallel._pipeline_state import (
-    full_tensor,
-    laid_out_like,
-    load_flat_optimizer,
-    optim_options,
-    optim_state,
+from accel_parallel._pipeline_plan import (
+    PP_SCHEDULES,
+    build_stages,
+    full_name,
+    stage_to_rank,
+    stage_units,
 )
 from accel_parallel._registry import StrategyRequest, register_strategy
-from accel_parallel._tp import _refuse_split_ties, resolve_plan
-
-
-class PipelineOutput(dict):
-    """What the prepared model returns: ``loss`` (the mean over micro-batches, on every rank;
-    None without labels) and ``logits`` (the last stage's output, in eval mode)."""
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-
-class _HeldGradients(torch.autograd.Function):
-    """The pipeline's loss: its backward moves the gradients the schedule computed into
-    ``.grad``, multiplied by the incoming gradient."""
-
-    @staticmethod
-    def forward(ctx: Any, value: torch.Tensor, anchor: torch.Tensor, held: Any) -> torch.Tensor:
-        ctx.held = held
-        return value.clone()
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, None]:
-        ctx.held.release(float(grad))
-        return None, None, None
-
-
-class _Held:
-    """Gradients one schedule step computed, and those accumulated before it."""
-
-    def __init__(self, params: list[nn.Parameter]) -> None:
-        self.params = params
-        self.applied = 1.0
-        self.before = [p.grad for p in params]
-        for p in params:
-            p.grad = None
-        self.done = False
-
-    def collect(self) -> None:
-        self.fresh = [p.grad for p in self.params]
-        for p, before in zip(self.params, self.before):
-            p.grad = before
-
-    def release(self, scale: float) -> None:
-        """Add the held gradients to ``.grad``, times `scale` over the loss scale the schedule's
-        backward already ran with (`applied`)."""
-        scale /= self.applied
-        if self.done:
-            raise RuntimeError("backward ran twice on one pipeline loss.")
-        self.done = True
-        for p, fresh in zip(self.params, self.fresh):
-            if fresh is None:
-                continue
-            if scale != 1.0:
-                _local(fresh).mul_(scale)
-            if p.grad is None:
-                p.grad = fresh
-            else:
-                _local(p.grad).add_(_local(fresh))
-
-
-class _ScaledLoss:
-    """The schedule's loss function, multiplied by the fp16 loss scale of the step (so the
-    stages' backward runs on the scaled loss, as a plain fp16 backward does)."""
-
-    def __init__(self, fn: Any) -> None:
-        self.fn = fn
-        self.scale = 1.0
-
-    def __call__(self, output: Any, target: Any) -> torch.Tensor:
-        loss = self.fn(output, target)
-        return loss * self.scale if self.scale != 1.0 else loss
+from accel_parallel._strategy import ProcessInfo, Strategy
+from accel_parallel._tp import apply_tensor_parallel
+from accel_parallel.checkpoint import _dcp
+from accel_parallel.checkpoint._layout import pipeline_folder
 
 
 class PipelinedModel(nn.Module):
@@ -133,36 +62,63 @@ class PipelinedModel(nn.Module):
         self._strategy = strategy
         self._stages = stages  # stage index -> stage module (this rank's)
         self._schedules: dict[Any, Any] = {}
-        self._held: _Held | None = None
+        self._held: HeldGradients | None = None
         self.config = getattr(module, "config", None)
 
     def forward(self, *args: Any, **kwargs: Any) -> PipelineOutput:
         return self._strategy.run(self, args, kwargs)
 
 
-class PipelineStrategy(MeshStrategy):
-    """Pipeline stages over ``pp``, with tensor parallel and FSDP2 inside each stage."""
+class PipelineStrategy(Strategy):
+    """Pipeline stages over ``pp``, with tensor parallel and FSDP2 inside each stage: the
+    stages are cut by the plan (`accel_parallel._pipeline_plan`, or the transformers adapter
+    `accel_parallel._pipeline_hf`), and each rank applies `apply_tensor_parallel`,
+    activation checkpointing and `apply_fsdp` to its own stages."""
 
+    name = "pipeline"
     supports_no_sync = False
+    sharded = True  # every rank must agree on an fp16 overflow
+    reshardable = True  # its DCP folders load on any layout
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.name = "pipeline"
+    def __init__(
+        self,
+        info: ProcessInfo,
+        config: ParallelismConfig,
+        plugin: FullyShardedDataParallelPlugin | None = None,
+        mixed_precision: str = "no",
+        *,
+        clip_norm: float | None = None,
+    ) -> None:
+        super().__init__(info, clip_norm=clip_norm)
+        self.config = config
+        self.plugin = plugin or FullyShardedDataParallelPlugin()
+        self.mixed_precision = mixed_precision
+        self.layout = MeshView(config, info.device)
+        self.shards = config.dp_shard_enabled or config.cp_enabled
         self.recompute = self.plugin.activation_checkpointing
-        self._loss_fns: dict[int, _ScaledLoss | None] = {}
+        check_mesh_run(config, self.plugin, info.device)
+        self._loss_fns: dict[int, ScaledLoss | None] = {}
+        self._optimizer_models: dict[int, nn.Module] = {}
+        self._writer = _dcp.DCPWriter()
 
-    # accelerate has no pipeline engine of this kind: the familiar API reports the process
-    # topology (not FSDP), whatever the stages shard with.
+    # -- the mesh ------------------------------------------------------------------------------
     @property
-    def fsdp_plugin(self) -> None:
-        return None
+    def device_mesh(self) -> Any:
+        return self.layout.device_mesh
 
-    def distributed_type(self, topology: Any) -> Any:
-        return topology
+    @property
+    def data_parallel_size(self) -> int:
+        return self.layout.data_parallel_size
 
-    # -- the pipeline group --------------------------------------------------------------------
+    @property
+    def data_parallel_rank(self) -> int:
+        return self.layout.data_parallel_rank
+
+    def data_parallel_group(self) -> Any:
+        return self.layout.data_parallel_group()
+
     def _pp(self) -> Any:
-        return self.config.sub_mesh("pp", self.device.type)
+        return self.layout.sub_mesh("pp")
 
     def _last_rank(self) -> int:
         """The global rank holding the last stage in this process's pipeline."""
@@ -177,7 +133,10 @@ class PipelineStrategy(MeshStrategy):
     def prepare(
         self, models: list[nn.Module], optimizers: list[torch.optim.Optimizer]
     ) -> tuple[list[nn.Module], list[torch.optim.Optimizer]]:
-        wrapped, optimizers = super().prepare(models, optimizers)
+        if self.info.process_index == 0:
+            self.plugin.warn_notices()
+        wrapped, trained = _dtensor.repoint_optimizers(models, optimizers, self.wrap_model)
+        self._optimizer_models.update(trained)
         for opt in optimizers:  # the other stages' parameters are not this rank's to train
             for group in opt.param_groups:
                 group["params"] = [p for p in group["params"] if p.device.type != "meta"]
@@ -210,45 +169,46 @@ class PipelineStrategy(MeshStrategy):
         for stage in mine.values():
             units = [u for u in stage_units(stage) if list(u.parameters())]
             if self.recompute:
-                _checkpoint_blocks(stage, [u for u in units if _is_block(u)] or units)
+                apply_activation_checkpointing(stage, [u for u in units if _is_block(u)] or units)
             if self.shards:
-                self._shard(stage, units)
+                apply_fsdp(stage, units, self.layout.fsdp_mesh(), self.plugin, self.mixed_precision)
         wrapped = PipelinedModel(model, self, mine)
-        self._loss_fns[id(wrapped)] = _ScaledLoss(loss) if loss is not None else None
+        self._loss_fns[id(wrapped)] = ScaledLoss(loss) if loss is not None else None
         return wrapped
 
     def _tensor_parallel(self, model: nn.Module, mine: dict) -> None:
-        from torch.distributed.tensor.parallel import parallelize_module
-
+        """Tensor parallel on the modules of this rank's stages."""
         handler = self.config.tp_handler
         sequence = bool(handler and handler.sequence_parallel)
-        resolved = resolve_plan(model, self.config.tp_plan, sequence)
-        _refuse_split_ties(model, resolved)
         owned = [name for s in mine.values() for name in s.unit_names.values()]
-        mesh = self.config.sub_mesh("tp", self.device.type)
         for stage in mine.values():  # activations between stages: this rank's slice
             if sequence and hasattr(stage, "seq_shards"):
                 stage.seq_shards = self.config.tp_size
-        for name, style in resolved.items():
-            if any(name == o or name.startswith(f"{o}.") for o in owned):
-                parallelize_module(model.get_submodule(name), mesh, style)
-
-    def _shard(self, stage: nn.Module, units: list[nn.Module]) -> None:
-        from torch.distributed.fsdp import fully_shard
-
-        kwargs = {
-            "mesh": self._device_mesh(),
-            "reshard_after_forward": self.plugin.reshard_after_forward,
-            "mp_policy": self._mp_policy(),
-            "offload_policy": self._offload_policy(),
-        }
-        for unit in units:
-            fully_shard(unit, **kwargs)
-        fully_shard(stage, **kwargs)
+        apply_tensor_parallel(
+            model,
+            self.layout.sub_mesh("tp"),
+            self.config.tp_plan,
+            sequence_parallel=sequence,
+            only=lambda name: any(name == o or name.startswith(f"{o}.") for o in owned),
+        )
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         inner = super().unwrap_model(model)
         return inner.module if isinstance(inner, PipelinedModel) else inner
+
+    def _model_for(self, optimizer: torch.optim.Optimizer, model: nn.Module | None) -> nn.Module:
+        model = model or self._optimizer_models.get(id(optimizer))
+        if model is None:
+            raise ValueError(
+                "This optimizer was not prepared together with a pipelined model: pass the "
+                "model and its optimizer to the same prepare() call."
+            )
+        return model
+
+    def optimizer_model(
+        self, optimizer: torch.optim.Optimizer, model: nn.Module | None
+    ) -> nn.Module:
+        return self.unwrap_model(self._model_for(optimizer, model))
 
     # -- the schedule ----------------------------------------------------------------------------
     def _schedule(self, wrapped: PipelinedModel, key: Any, training: bool, loss: bool) -> Any:
@@ -285,8 +245,10 @@ class PipelineStrategy(MeshStrategy):
         """One forward of the prepared model: the whole schedule (see the module docstring)."""
         labels = kwargs.pop("labels", None)
         mask = kwargs.pop("attention_mask", None)
-        inputs = self._inputs(wrapped, args, kwargs)
-        extra = _padding(wrapped, mask, inputs[0], self.device)
+        inputs = pipeline_inputs(args, kwargs)
+        extra = padding_keywords(
+            list(wrapped._stages.values()), wrapped.module, mask, inputs[0], self.device
+        )
         batch = inputs[0].shape[0]
         micro = self.config.pp_microbatches
         if batch % micro:
@@ -318,7 +280,7 @@ class PipelineStrategy(MeshStrategy):
         if training:
             self._drop_unreleased(wrapped)
             params = [p for s in wrapped._stages.values() for p in s.parameters()]
-            held = _Held(params)
+            held = HeldGradients(params)
             if target is not None:
                 held.applied = loss_fn.scale = self._loss_scale()
             with self._autocast():
@@ -335,30 +297,14 @@ class PipelineStrategy(MeshStrategy):
         if held is not None and loss is not None and held.applied != 1.0:
             loss = loss / held.applied  # the schedule's losses carry the loss scale
         if held is not None and loss is not None:
-            anchor = torch.zeros((), device=loss.device, requires_grad=True)
-            loss = _HeldGradients.apply(loss, anchor, held)
+            loss = held_loss(loss, held)
         logits = None if training else self._share_output(out)
         return PipelineOutput(loss=loss, logits=logits)
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        """The run's mixed precision around the stages (the user's forward is not called)."""
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.mixed_precision)
-        if dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=dtype)
-
-    def _inputs(self, wrapped: PipelinedModel, args: tuple, kwargs: dict) -> tuple:
-        name = "input_ids" if "input_ids" in kwargs else None
-        if name is None and len(kwargs) == 1 and not args:
-            name = next(iter(kwargs))
-        inputs = (*args, kwargs.pop(name)) if name else args
-        if kwargs or not inputs:
-            raise ValueError(
-                f"pipeline parallel: the prepared model takes its input (input_ids, or one "
-                f"positional tensor) and labels=...; got keywords {sorted(kwargs)} and "
-                f"{len(args)} positional arguments."
-            )
-        return tuple(inputs)
+        """The run's precision around the stages (the user's forward, which the prepared
+        model's precision wrapper would put under autocast, is not called)."""
+        return contextlib.nullcontext() if self.precision is None else self.precision.autocast()
 
     @staticmethod
     def _drop_unreleased(wrapped: PipelinedModel) -> None:
@@ -404,7 +350,7 @@ class PipelineStrategy(MeshStrategy):
         import torch.distributed as dist
 
         grads = [p.grad for p in parameters if p.grad is not None]
-        total = _norm(grads, norm_type, self.device)
+        total = _dtensor.grad_norm(grads, norm_type, self.device)
         device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
         total = total.to(device)
         group = self._pp().get_group()
@@ -414,11 +360,11 @@ class PipelineStrategy(MeshStrategy):
             total = total**norm_type
             dist.all_reduce(total, group=group)
             total = total ** (1.0 / norm_type)
-        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        for g in grads:
-            local = _local(g)
-            local.mul_(coef.to(local.device, local.dtype))
+        _dtensor.scale_gradients(grads, total, max_norm)
         return total
+
+    def clip_grad_value_(self, parameters: Iterable[nn.Parameter], clip_value: float) -> None:
+        _dtensor.clip_grad_value(parameters, clip_value)
 
     # -- state -----------------------------------------------------------------------------------
     def _local_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
@@ -463,7 +409,7 @@ class PipelineStrategy(MeshStrategy):
                     value = distribute_tensor(
                         value.to(target.device), target.device_mesh, target.placements
                     )
-                _local(target).copy_(_local(value))
+                _dtensor.local(target).copy_(_dtensor.local(value))
         return None
 
     def optimizer_state_dict(
@@ -473,8 +419,8 @@ class PipelineStrategy(MeshStrategy):
         ``param_groups.<name>.<key>``), gathered from every stage onto every process."""
         import torch.distributed as dist
 
-        local = optim_state(self.unwrap_model(self._model_for(optimizer, model)), optimizer)
-        local = {k: full_tensor(v) for k, v in local.items()}
+        local = _dcp.flat_optimizer_state(self.optimizer_model(optimizer, model), optimizer)
+        local = {k: _dcp.full_tensor(v) for k, v in local.items()}
         parts: list[Any] = [None] * self.config.pp_size
         dist.all_gather_object(parts, local, group=self._pp().get_group())
         return {k: v for part in parts for k, v in part.items()}
@@ -488,13 +434,20 @@ class PipelineStrategy(MeshStrategy):
         """Load the entries of this rank's parameters from a state of `optimizer_state_dict`."""
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-        inner = self.unwrap_model(self._model_for(optimizer, model))
-        mine = optim_state(inner, optimizer)
+        inner = self.optimizer_model(optimizer, model)
+        mine = _dcp.flat_optimizer_state(inner, optimizer)
         missing = sorted(set(mine) - set(state_dict))
         if missing:
             raise KeyError(f"the optimizer state misses {missing[:4]} of this pipeline stage.")
-        values = {k: laid_out_like(state_dict[k], mine[k]) for k in mine}
-        set_optimizer_state_dict(inner, optimizer, values, options=optim_options())
+        values = {k: _dcp.laid_out_like(state_dict[k], mine[k]) for k in mine}
+        set_optimizer_state_dict(inner, optimizer, values, options=_dcp.flat_options())
+
+    # -- gradients and files: the pipeline's DCP folders, keyed by the model's own names ----
+    def gradients_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        return _dtensor.local_gradients(self.unwrap_model(model))
+
+    def load_gradients_state(self, model: nn.Module, grads: dict[str, torch.Tensor]) -> None:
+        _dtensor.load_local_gradients(self.unwrap_model(model), grads)
 
     def save_model_files(
         self,
@@ -505,26 +458,11 @@ class PipelineStrategy(MeshStrategy):
         writer: bool,
         write_full: Callable[[dict[str, torch.Tensor], Path], None],
     ) -> None:
-        self._dcp_save({"model": self._local_state(model)}, directory / pipeline_folder(name))
+        self._writer.save({"model": self._local_state(model)}, directory / pipeline_folder(name))
 
-    def load_model_files(
-        self,
-        model: nn.Module,
-        directory: Path,
-        name: str,
-        *,
-        read_full: Callable[[Path], dict[str, torch.Tensor]],
-        strict: bool = True,
-    ) -> None:
-        import torch.distributed.checkpoint as dcp
-
-        folder = directory / pipeline_folder(name)
-        if not folder.is_dir():
-            state = read_full(directory / name)
-            self.load_model_state_dict(model, state, strict=strict)
-            return
+    def load_model_folder(self, model: nn.Module, folder: Path, strict: bool = True) -> None:
         state = {"model": {k: v.detach() for k, v in self._local_state(model).items()}}
-        dcp.load(state, checkpoint_id=folder)
+        _dcp.load(state, folder)
 
     def save_optimizer_files(
         self,
@@ -535,44 +473,12 @@ class PipelineStrategy(MeshStrategy):
         writer: bool,
         model: nn.Module | None = None,
     ) -> None:
-        inner = self.unwrap_model(self._model_for(optimizer, model))
-        state = {"optimizer": optim_state(inner, optimizer)}
-        self._dcp_save(state, directory / pipeline_folder(name))
-
-    def load_optimizer_files(
-        self,
-        optimizer: torch.optim.Optimizer,
-        directory: Path,
-        name: str,
-        model: nn.Module | None = None,
-    ) -> None:
-        load_flat_optimizer(
-            self.unwrap_model(self._model_for(optimizer, model)),
-            optimizer,
-            directory / pipeline_folder(name),
-        )
-
-
-def _padding(
-    wrapped: PipelinedModel, mask: torch.Tensor | None, ids: torch.Tensor, device: torch.device
-) -> dict[str, torch.Tensor]:
-    """The keywords that hand each stage its micro-batch's slice of a padding mask (every
-    pipeline rank holds the whole batch); none for a mask without padding."""
-    if mask is None or bool(torch.all(mask != 0)):
-        return {}
-    if not all(isinstance(s, DecoderStage) for s in wrapped._stages.values()):
-        raise ValueError(
-            f"pipeline parallel: a padding attention_mask reaches the stages of a transformers "
-            f"decoder model only; {type(wrapped.module).__name__} is cut by a module plan whose "
-            f"stages take one input. Pack the sequences to one length (labels -100 where no "
-            f"loss is wanted)."
-        )
-    if tuple(mask.shape) != tuple(ids.shape):
-        raise ValueError(
-            f"pipeline parallel: attention_mask of shape {tuple(mask.shape)} for input_ids of "
-            f"shape {tuple(ids.shape)}; give a (batch, sequence) mask like the input_ids."
-        )
-    return {"attention_mask": mask.to(device)}
+        state = {
+            "optimizer": _dcp.flat_optimizer_state(
+                self.optimizer_model(optimizer, model), optimizer
+            )
+        }
+        self._writer.save(state, directory / pipeline_folder(name))
 
 
 def _pipelined(model: nn.Module) -> PipelinedModel:
@@ -580,23 +486,6 @@ def _pipelined(model: nn.Module) -> PipelinedModel:
     if not isinstance(inner, PipelinedModel):
         raise ValueError(f"expected the model prepared for pipeline parallel, got {type(model)}.")
     return inner
-
-
-def _norm(grads: list[torch.Tensor], norm_type: float, device: torch.device) -> torch.Tensor:
-    """This rank's gradient norm (DTensor groups reduced over their meshes)."""
-    if not grads:
-        return torch.zeros((), device=device)
-    groups: dict[Any, list[torch.Tensor]] = {}
-    for g in grads:
-        key = (g.device_mesh, tuple(g.placements)) if hasattr(g, "device_mesh") else None
-        groups.setdefault(key, []).append(g)
-    norms = []
-    for group in groups.values():
-        norm = nn.utils.get_total_norm(group, norm_type)
-        norms.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-    return torch.linalg.vector_norm(
-        torch.stack([n.to(device, torch.float32) for n in norms]), norm_type
-    )
 
 
 def _is_block(module: nn.Module) -> bool:

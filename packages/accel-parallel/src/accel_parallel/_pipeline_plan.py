@@ -20,11 +20,12 @@ error names what is wrong and the fix.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import torch
 from torch import nn
+
+from accel_parallel._pipeline_hf import decoder_layer_count, decoder_stages
 
 # torch's schedule name -> (several stages per rank, stage placement, default stages per rank)
 PP_SCHEDULES: dict[str, tuple[bool, str, int]] = {
@@ -90,7 +91,7 @@ def stage_to_rank(schedule: str, pp_size: int, num_stages: int) -> dict[int, int
     return {s: s if s < pp_size else 2 * pp_size - 1 - s for s in range(num_stages)}
 
 
-# -- the stage modules ------------------------------------------------------------------------
+# -- the stage modules (a transformers decoder's: accel_parallel._pipeline_hf) --------------
 class ChainStage(nn.Module):
     """Consecutive modules of a plan, applied one after the other."""
 
@@ -105,71 +106,8 @@ class ChainStage(nn.Module):
         return x
 
 
-class DecoderStage(nn.Module):
-    """A slice of a transformers decoder: the embedding (first stage), some decoder layers,
-    the norm and head (last stage). Positions and the causal mask are made on each stage."""
-
-    def __init__(self, model: nn.Module, layers: range, first: bool, last: bool) -> None:
-        super().__init__()
-        base = _decoder_base(model)
-        prefix = model.base_model_prefix
-        self.config = model.config
-        self.rotary = base.rotary_emb  # buffers only: every stage computes its positions
-        self.unit_names: dict[str, str] = {}
-        self.embed = base.embed_tokens if first else None
-        if first:
-            self.unit_names["embed"] = f"{prefix}.embed_tokens"
-        self.layers = nn.ModuleList(base.layers[i] for i in layers)
-        for j, i in enumerate(layers):
-            self.unit_names[f"layers.{j}"] = f"{prefix}.layers.{i}"
-        self.seq_shards = 1  # sequence parallel: the stages pass 1/seq_shards of the sequence
-        self.norm = base.norm if last else None
-        self.head = model.lm_head if last else None
-        if last:
-            self.unit_names.update({"norm": f"{prefix}.norm", "head": "lm_head"})
-
-    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """`attention_mask`: this micro-batch's padding mask, handed to every stage by the
-        schedule (None without padding)."""
-        from transformers.masking_utils import create_causal_mask
-
-        h = self.embed(x) if self.embed is not None else x
-        length = x.shape[1] if self.embed is not None else h.shape[1] * self.seq_shards
-        positions = torch.arange(length, device=h.device).unsqueeze(0)
-        mask = create_causal_mask(
-            config=self.config,
-            inputs_embeds=h.new_empty((h.shape[0], length, 0)),
-            attention_mask=attention_mask,
-            past_key_values=None,
-            position_ids=positions,
-        )
-        rotary = self.rotary(h, position_ids=positions)
-        for layer in self.layers:
-            h = layer(h, attention_mask=mask, position_embeddings=rotary, position_ids=positions)
-            h = h[0] if isinstance(h, tuple) else h
-        if self.head is not None:
-            h = self.head(self.norm(h))
-        return h
-
-
-def _decoder_base(model: nn.Module) -> Any:
-    base = getattr(model, getattr(model, "base_model_prefix", "") or "", None)
-    needed = ("embed_tokens", "layers", "norm", "rotary_emb")
-    if (
-        not isinstance(base, nn.Module)
-        or not all(hasattr(base, n) for n in needed)
-        or not hasattr(model, "lm_head")
-    ):
-        return None
-    return base
-
-
-def is_transformers_decoder(model: nn.Module) -> bool:
-    return _decoder_base(model) is not None and hasattr(model, "config")
-
-
 # -- plans ------------------------------------------------------------------------------------
-def _even(count: int, parts: int) -> list[range]:
+def even_spans(count: int, parts: int) -> list[range]:
     sizes = [count // parts + (1 if i < count % parts else 0) for i in range(parts)]
     out, start = [], 0
     for size in sizes:
@@ -180,26 +118,15 @@ def _even(count: int, parts: int) -> list[range]:
 
 def build_stages(model: nn.Module, plan: Any, num_stages: int) -> list[nn.Module]:
     """One stage module per pipeline stage, over the modules of `model` (not copies)."""
-    if plan is None:
-        if not is_transformers_decoder(model):
-            names = [n for n, _ in model.named_children()]
-            raise ValueError(
-                f"pipeline parallel (pp_size > 1): {type(model).__name__} is not a transformers "
-                f"decoder model (embed_tokens / layers / norm / lm_head), so it needs a plan: "
-                f"ParallelismConfig(pp_plan=[...]) with its modules in the order they run, e.g. "
-                f"{names} (see accel_parallel._pipeline_plan)."
-            )
-        count = len(_decoder_base(model).layers)
+    if plan is None:  # a transformers decoder model (accel_parallel._pipeline_hf)
+        count = decoder_layer_count(model)
         if count < num_stages:
             raise ValueError(
                 f"pipeline parallel: {type(model).__name__} has {count} decoder layers for "
                 f"{num_stages} stages, which would leave a stage empty. Use at most {count} "
                 f"stages (pp_size x pp_virtual_stages)."
             )
-        spans = _even(count, num_stages)
-        return [
-            DecoderStage(model, span, i == 0, i == num_stages - 1) for i, span in enumerate(spans)
-        ]
+        return decoder_stages(model, even_spans(count, num_stages))
     if isinstance(plan, str) or not isinstance(plan, Sequence) or not plan:
         raise ValueError(
             f"ParallelismConfig(pp_plan={plan!r}): expected a list of module names in the "
@@ -221,7 +148,7 @@ def build_stages(model: nn.Module, plan: Any, num_stages: int) -> list[nn.Module
                 f"{num_stages} stages, which leaves a stage empty. Name finer modules (e.g. "
                 f"'blocks.*' rather than 'blocks'), or use fewer stages."
             )
-        groups = [[chain[i] for i in span] for span in _even(len(chain), num_stages)]
+        groups = [[chain[i] for i in span] for span in even_spans(len(chain), num_stages)]
     for i, group in enumerate(groups):
         if not group:
             raise ValueError(
@@ -296,38 +223,3 @@ def full_name(stage: nn.Module, local: str) -> str:
 def stage_units(stage: nn.Module) -> list[nn.Module]:
     """The modules a stage owns (those whose weights live on its rank)."""
     return [stage.get_submodule(p) for p in stage.unit_names]
-
-
-LossFn = Callable[[Any, Any], torch.Tensor]
-
-
-class TokenLoss:
-    """The causal-LM loss transformers' model computes from logits and labels. Where the
-    labels ignore tokens (-100), each micro-batch's loss is its sum over the batch's counted
-    tokens, times the micro-batch count (the schedule divides by it), so the mean over
-    micro-batches is the loss of the whole batch, as one process computes it."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.vocab = model.config.vocab_size
-        self.loss_function = model.loss_function
-        self.items: torch.Tensor | None = None
-        self.micro = 1
-
-    def per_batch(self, labels: torch.Tensor | None, micro: int) -> None:
-        """Set up for the batch whose labels are `labels` (None: an evaluation without)."""
-        self.items, self.micro = None, micro
-        if labels is not None and bool((labels == -100).any()):
-            self.items = (labels[..., 1:] != -100).sum().clamp(min=1)
-
-    def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        if self.items is None:
-            return self.loss_function(logits=logits, labels=labels, vocab_size=self.vocab)
-        total = self.loss_function(
-            logits=logits, labels=labels, vocab_size=self.vocab, num_items_in_batch=self.items
-        )
-        return total * self.micro
-
-
-def transformers_loss(model: nn.Module) -> LossFn:
-    """The causal-LM loss of a transformers model (`TokenLoss`)."""
-    return TokenLoss(model)

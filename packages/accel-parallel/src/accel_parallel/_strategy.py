@@ -28,13 +28,23 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from accel_parallel._checkpoint_files import (
+from accel_parallel._io import save_object
+from accel_parallel.checkpoint import _dcp
+from accel_parallel.checkpoint._formats import (
+    DCP,
+    FULL,
+    PIPELINE,
+    model_format,
+    optimizer_format,
+)
+from accel_parallel.checkpoint._layout import (
     fsdp_model_file,
     fsdp_model_folder,
     fsdp_optimizer_folder,
+    optimizer_file,
     pipeline_folder,
+    weights_file,
 )
-from accel_parallel._io import save_object
 
 
 @dataclasses.dataclass(frozen=True)
@@ -295,22 +305,38 @@ class Strategy:
         read_full: Callable[[Path], dict[str, torch.Tensor]],
         strict: bool = True,
     ) -> None:
-        # A sharded save (FSDP2, a device mesh, a pipeline): DCP reads it whole, whatever the
-        # saved placements were.
-        for folder in (directory / pipeline_folder(name), directory / fsdp_model_folder(name)):
-            if folder.is_dir():
-                from accel_parallel._pipeline_state import load_sharded_model
+        """Load model `name` from `directory`, whichever format it was saved in: the folder's
+        kind (`accel_parallel.checkpoint._formats`) picks the loader."""
+        found = model_format(directory, name)
+        if found is None:
+            raise FileNotFoundError(
+                f"the checkpoint in {directory} holds no weights for {name!r}: none of "
+                f"{weights_file(name)}, {weights_file(name, safe=False)}, "
+                f"{fsdp_model_folder(name)}/, {fsdp_model_file(name)}, {pipeline_folder(name)}/."
+            )
+        kind, path = found
+        if kind in (DCP, PIPELINE):  # sharded: DCP reads it whatever the saved placements
+            return self.load_model_folder(model, path, strict=strict)
+        if kind == FULL:
+            self.load_full_model(model, lambda: read_full(directory / name), kind, strict=strict)
+        else:
+            self.load_full_model(model, lambda: load_torch_file(path), kind, strict=strict)
 
-                return load_sharded_model(self.unwrap_model(model), folder)
-        try:
-            state = read_full(directory / name)
-        except FileNotFoundError:
-            fsdp_full = directory / fsdp_model_file(name)  # FSDP2's FULL_STATE_DICT file
-            if not fsdp_full.is_file():
-                raise
-            state = torch.load(fsdp_full, map_location="cpu", weights_only=True)
-        state = strip_wrapper_prefixes(state, self.unwrap_model(model))
+    def load_full_model(
+        self,
+        model: nn.Module,
+        read: Callable[[], dict[str, torch.Tensor]],
+        kind: str,
+        strict: bool = True,
+    ) -> None:
+        """Load a full copy of the weights, which `read()` reads from a file of `kind`."""
+        state = strip_wrapper_prefixes(read(), self.unwrap_model(model))
         self.load_model_state_dict(model, state, strict=strict)
+
+    def load_model_folder(self, model: nn.Module, folder: Path, strict: bool = True) -> None:
+        """Load a model's DCP folder (any saved layout) into `model` as this strategy holds
+        it: here whole, into the user's module."""
+        _dcp.load_whole_model(self.unwrap_model(model), folder)
 
     def save_optimizer_files(
         self,
@@ -323,7 +349,13 @@ class Strategy:
     ) -> None:
         state = self.optimizer_state_dict(optimizer, model)
         if writer:
-            save_object(state, directory / f"{name}.bin")
+            save_object(state, directory / optimizer_file(name))
+
+    def optimizer_model(
+        self, optimizer: torch.optim.Optimizer, model: nn.Module | None
+    ) -> nn.Module | None:
+        """The module whose parameters `optimizer` trains, as DCP keys its state."""
+        return None if model is None else self.unwrap_model(model)
 
     def load_optimizer_files(
         self,
@@ -332,22 +364,31 @@ class Strategy:
         name: str,
         model: nn.Module | None = None,
     ) -> None:
-        path = directory / f"{name}.bin"
-        if not path.exists() and model is not None and (directory / pipeline_folder(name)).is_dir():
-            from accel_parallel._pipeline_state import load_flat_optimizer
-
-            return load_flat_optimizer(
-                self.unwrap_model(model), optimizer, directory / pipeline_folder(name)
+        """Load optimizer `name` from `directory`, whichever format it was saved in."""
+        found = optimizer_format(directory, name)
+        if found is None:
+            raise FileNotFoundError(
+                f"the checkpoint in {directory} has no {optimizer_file(name)} (nor the folder "
+                f"{fsdp_optimizer_folder(name)}/ or {pipeline_folder(name)}/)"
             )
-        sharded = directory / fsdp_optimizer_folder(name)  # FSDP2 / mesh: per-name DCP entries
-        if not path.exists() and model is not None and sharded.is_dir():
-            from accel_parallel._pipeline_state import load_sharded_optimizer
+        kind, path = found
+        if kind == FULL:
+            state = load_torch_file(path)
+            return self.load_optimizer_state_dict(optimizer, state, model)
+        trained = self.optimizer_model(optimizer, model)
+        if trained is None:
+            raise ValueError(
+                f"{path.name} is a sharded optimizer state, keyed by the parameters of its "
+                f"model; load it with the model prepared together with the optimizer."
+            )
+        if kind == PIPELINE:
+            return _dcp.load_flat_optimizer(trained, optimizer, path)
+        return _dcp.load_sharded_optimizer(trained, optimizer, path)
 
-            return load_sharded_optimizer(self.unwrap_model(model), optimizer, sharded)
-        if not path.exists():
-            raise FileNotFoundError(f"the checkpoint in {directory} has no {path.name}")
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        self.load_optimizer_state_dict(optimizer, state, model)
+
+def load_torch_file(path: Path) -> Any:
+    """A checkpoint file of tensors and plain values, on the CPU."""
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")

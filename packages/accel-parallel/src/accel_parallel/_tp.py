@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from torch import nn
@@ -125,10 +125,12 @@ def apply_tensor_parallel(
     plan: Mapping[str, Any] | None = None,
     enable_async_tp: bool = False,
     sequence_parallel: bool = False,
+    only: Callable[[str], bool] | None = None,
 ) -> nn.Module:
     """Split `model`'s weights over `tp_mesh` in place, as the plan says (see the module
     docstring). Modules already holding DTensors (a model loaded with transformers'
-    ``tp_plan``) are left as they are."""
+    ``tp_plan``) are left as they are. `only(name)`: split just the planned modules it
+    accepts (a pipeline rank splits the modules of its own stages)."""
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.parallel import parallelize_module
 
@@ -139,7 +141,8 @@ def apply_tensor_parallel(
     if enable_async_tp:
         _enable_async_tp(tp_mesh)
     for name, style in resolved.items():
-        parallelize_module(model.get_submodule(name), tp_mesh, style)
+        if only is None or only(name):
+            parallelize_module(model.get_submodule(name), tp_mesh, style)
     return model
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from accel_parallel._pipeline_plan import _decoder_base
+from accel_parallel._pipeline_hf import decoder_base
 
 _LAYER_PARTS = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
 
@@ -83,7 +83,7 @@ def sequence_parallel_plan(model: nn.Module, resolved: dict[str, Any]) -> dict[s
 
     if any(isinstance(style, SequenceParallel) for style in resolved.values()):
         return resolved  # the plan lays the regions out itself
-    base = _decoder_base(model)
+    base = decoder_base(model)
     if base is None or not hasattr(model, "config"):
         raise ValueError(
             f"sequence parallel (MegatronLMPlugin(sequence_parallelism=True) / TorchTensorParallel"

@@ -1,72 +1,14 @@
-"""The names of checkpoint files, and the merge of a sharded FSDP2 model save.
-
-A checkpoint folder has accelerate's layout, so that either library resumes the other's
-checkpoints and tools written for accelerate find their files:
-
-- weights of model ``i`` (one full copy): ``model.safetensors`` / ``model_1.safetensors``, or
-  ``pytorch_model.bin`` / ``pytorch_model_1.bin`` without safetensors;
-- optimizer ``i``: ``optimizer.bin`` / ``optimizer_1.bin``;
-- FSDP2 with ``SHARDED_STATE_DICT``: one `torch.distributed.checkpoint` folder per object,
-  ``pytorch_model_fsdp_<i>/`` and ``optimizer_<i>/``; with ``FULL_STATE_DICT`` the files
-  ``pytorch_model_fsdp.bin`` / ``pytorch_model_fsdp_1.bin`` and ``optimizer.bin``;
-- DeepSpeed: the engine's own tag folder ``pytorch_model/`` / ``pytorch_model_1/``.
-
-The checkpoint code names objects ``model``, ``model_1``, ``optimizer``, ... and each strategy
-turns such a name into its files with the functions below.
-"""
+"""`merge_fsdp_weights`: a sharded FSDP2 model save (a DCP folder) into one weights file."""
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from pathlib import Path
 
 import torch
 
-FSDP_MODEL_NAME = "pytorch_model_fsdp"
-MODEL_BIN_NAME = "pytorch_model"
-SAFE_MODEL_NAME = "model"
-OPTIMIZER_NAME = "optimizer"
-
-_INDEX_RE = re.compile(r"_(\d+)$")
-
-
-def indexed(base: str, index: int) -> str:
-    """``base`` for the first object, ``base_<index>`` for the others (accelerate's rule)."""
-    return base if index == 0 else f"{base}_{index}"
-
-
-def name_index(name: str) -> int:
-    """The object index in a name made by `indexed` (``model_2`` -> 2, ``model`` -> 0)."""
-    match = _INDEX_RE.search(name)
-    return int(match.group(1)) if match else 0
-
-
-def fsdp_model_folder(name: str) -> str:
-    """The DCP folder of a sharded FSDP2 model: ``pytorch_model_fsdp_<i>``."""
-    return f"{FSDP_MODEL_NAME}_{name_index(name)}"
-
-
-def fsdp_model_file(name: str) -> str:
-    """The full-state file of an FSDP2 model: ``pytorch_model_fsdp.bin`` / ``..._<i>.bin``."""
-    return indexed(FSDP_MODEL_NAME, name_index(name)) + ".bin"
-
-
-def fsdp_optimizer_folder(name: str) -> str:
-    """The DCP folder of a sharded FSDP2 optimizer: ``optimizer_<i>``."""
-    return f"{OPTIMIZER_NAME}_{name_index(name)}"
-
-
-def pipeline_folder(name: str) -> str:
-    """The DCP folder of a pipeline run's model or optimizer (``model_fsdp``, ...): accelerate
-    has no pipeline checkpoints to share names with."""
-    return f"{name}_fsdp"
-
-
-def engine_tag(index: int) -> str:
-    """The tag folder of DeepSpeed engine ``index``: ``pytorch_model`` / ``pytorch_model_<i>``."""
-    return indexed(MODEL_BIN_NAME, index)
+from accel_parallel.checkpoint._layout import FSDP_MODEL_NAME
 
 
 def _sharded_model_folder(source: Path) -> Path:
