@@ -58,3 +58,19 @@ def test_all_is_declared_and_resolves() -> None:
     assert sorted(accel_parallel.__all__) == EXPECTED
     for name in EXPECTED:
         assert getattr(accel_parallel, name) is not None
+
+
+def test_the_familiar_module_declares_what_accelerates_paths_take() -> None:
+    from accel_parallel import checkpoint, familiar
+
+    assert sorted(familiar.__all__) == [
+        "DeepSpeedSequenceParallelConfig",
+        "ParallelismConfig",
+        "TorchContextParallelConfig",
+        "map_pytorch_optim_to_deepspeed",
+    ]
+    public = {n for n in vars(familiar) if not n.startswith("_")}
+    assert public == set(familiar.__all__)
+    assert issubclass(familiar.ParallelismConfig, accel_parallel.ParallelismConfig)
+    for name in checkpoint.__all__:
+        assert getattr(checkpoint, name) is not None

@@ -33,7 +33,7 @@ from accel_parallel import (
     DistributedDataParallelKwargs,
     FullyShardedDataParallelPlugin,
 )
-from accel_parallel._env_filled import (
+from accel_parallel.familiar import (
     ParallelismConfig,
 )
 from accel_precision import (

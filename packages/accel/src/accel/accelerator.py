@@ -122,11 +122,9 @@ from accel_parallel import (
     MegatronLMPlugin,
     TorchTensorParallelPlugin,
 )
-from accel_parallel._deepspeed_parts import (
-    map_pytorch_optim_to_deepspeed,
-)
-from accel_parallel._env_filled import (
+from accel_parallel.familiar import (
     ParallelismConfig,
+    map_pytorch_optim_to_deepspeed,
 )
 from accel_precision import (
     AORecipeKwargs,

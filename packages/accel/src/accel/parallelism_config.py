@@ -6,7 +6,7 @@ from accel._compat._versions import (
 from accel_parallel import (
     TorchTensorParallelConfig,
 )
-from accel_parallel._env_filled import (
+from accel_parallel.familiar import (
     DeepSpeedSequenceParallelConfig,
     ParallelismConfig,
     TorchContextParallelConfig,

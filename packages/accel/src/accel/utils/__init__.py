@@ -196,7 +196,6 @@ from accel._deepspeed import (
     DeepSpeedSchedulerWrapper,
     get_active_deepspeed_plugin,
 )
-from accel._export import merge_fsdp_weights
 from accel._memory import (
     clear_device_cache,
     find_executable_batch_size,
@@ -249,11 +248,12 @@ from accel_parallel import (
     TorchTensorParallelConfig,
     TorchTensorParallelPlugin,
 )
-from accel_parallel._deepspeed_parts import map_pytorch_optim_to_deepspeed
-from accel_parallel._env_filled import (
+from accel_parallel.checkpoint import merge_fsdp_weights
+from accel_parallel.familiar import (
     DeepSpeedSequenceParallelConfig,
     ParallelismConfig,
     TorchContextParallelConfig,
+    map_pytorch_optim_to_deepspeed,
 )
 from accel_precision import (
     AORecipeKwargs,

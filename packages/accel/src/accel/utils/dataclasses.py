@@ -65,7 +65,7 @@ from accel_parallel import (
     TorchTensorParallelConfig,
     TorchTensorParallelPlugin,
 )
-from accel_parallel._env_filled import (
+from accel_parallel.familiar import (
     DeepSpeedSequenceParallelConfig,
     TorchContextParallelConfig,
 )

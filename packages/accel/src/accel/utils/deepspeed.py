@@ -17,7 +17,7 @@ from accel._deepspeed import (
     get_active_deepspeed_plugin,
 )
 from accel_parallel import DummyOptim, DummyScheduler, HfDeepSpeedConfig
-from accel_parallel._deepspeed_parts import map_pytorch_optim_to_deepspeed
+from accel_parallel.familiar import map_pytorch_optim_to_deepspeed
 from accel_state import (
     DistributedType,
 )
