@@ -4,6 +4,10 @@ The runner fetches accelerate 1.15.0's source distribution from the package regi
 into a cache), rewrites its imports to accel and runs the files in `FAST_FILES`. Every accel
 failure must be listed in tools/compat/expected_failures.toml with its reason; the whole suite
 runs on demand with `uv run python tools/compat/run_accelerate_suite.py`.
+
+accelerate's distributed test scripts (test_utils/scripts) run here too, a quick part of them,
+launched with `accel launch --cpu` on 1 and 2 processes; `--scripts` runs them all, beside
+accelerate's own results.
 """
 
 from __future__ import annotations
@@ -36,3 +40,31 @@ def test_fast_subset_of_accelerates_suite_passes_on_accel() -> None:
     assert summary, out[-3000:]
     passed = int(summary[0].split()[1])
     assert passed >= 100, summary[0]  # the fast files hold well over 100 passing tests
+
+
+# Scripts that cover the state, collectives, gradient sync, notebook_launcher and metrics
+# gathering in a few minutes; the others run with `run_accelerate_suite.py --scripts`.
+QUICK_SCRIPTS = (
+    "test_ops.py",
+    "test_sync.py",
+    "test_script.py",
+    "test_notebook.py",
+    "external_deps/test_metrics.py",
+)
+
+
+def test_accelerates_distributed_scripts_pass_on_accel() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(RUNNER), "--side", "accel", "--check", "--scripts", *QUICK_SCRIPTS],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        cwd=ROOT,
+    )
+    out = proc.stdout + proc.stderr
+    if "could not download accelerate" in out:
+        pytest.skip("the package registry is out of reach: " + out.strip().splitlines()[-1])
+    assert proc.returncode == 0, out[-6000:]
+    summary = [line for line in out.splitlines() if line.startswith("accel scripts: ")]
+    assert summary, out[-3000:]
+    assert int(summary[0].split()[2]) >= 7, summary[0]  # launches that passed

@@ -3,6 +3,8 @@
     uv run python tools/compat/run_accelerate_suite.py            # the whole suite, both sides
     uv run python tools/compat/run_accelerate_suite.py --fast     # the subset `uv run pytest` runs
     uv run python tools/compat/run_accelerate_suite.py --side accel -k test_data_loader.py
+    uv run python tools/compat/run_accelerate_suite.py --scripts            # only the scripts
+    uv run python tools/compat/run_accelerate_suite.py --scripts test_ops.py --procs 2
 
 What it does:
 1. Fetches accelerate's source distribution (a fixed version) from the package registry into
@@ -16,11 +18,16 @@ What it does:
      (their own imports rewritten too), so they drive accel, not accelerate.
 3. Runs pytest on each side in a subprocess (one file at a time, so an import failure or a
    hang costs one file only) and prints a per-file table and one summary line.
+4. Launches accelerate's distributed test scripts (`test_utils/scripts`, which its tests start
+   only on several GPUs) on 1 and 2 CPU processes with `accelerate launch --cpu` / `accel
+   launch --cpu`, and prints a table of both sides' results (`_scripts.py`). The whole run does
+   this after the tests; `--scripts` does only this; `--fast` and `-k` leave it out.
 
 Nothing of accelerate's is kept in this repository: it is fetched and rewritten at run time.
 The tests that still fail on accel, each with its reason, are listed in
 `tools/compat/expected_failures.toml`; `--check` fails when a test outside that list fails
-(or an accel figure falls below the list's floor).
+(or an accel figure falls below the list's floor); scripts are listed under
+`[script_failures]` there.
 """
 
 from __future__ import annotations
@@ -39,6 +46,9 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 import tomllib
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _scripts  # the sibling module (this file runs as a script)
 
 VERSION = "1.15.0"
 SDIST = f"accelerate-{VERSION}.tar.gz"
@@ -60,7 +70,7 @@ FAST_FILES = (
 )
 FILE_TIMEOUT_S = 900
 # the only accepted reasons for an accel failure (expected_failures.toml says what each means)
-REASONS = ("hardware", "library", "network", "sdist", "difference")
+REASONS = ("hardware", "library", "network", "sdist", "difference", "bug")
 _IMPORT = re.compile(r"\baccelerate\b")
 
 
@@ -235,6 +245,7 @@ def load_expected() -> dict:
     with open(EXPECTED, "rb") as f:
         data = tomllib.load(f)
     data.setdefault("failures", {})
+    data.setdefault("script_failures", {})
     return data
 
 
@@ -244,6 +255,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fast", action="store_true", help="only the subset pytest runs")
     ap.add_argument("-k", "--files", nargs="*", help="only these test files (test_x.py)")
     ap.add_argument("--check", action="store_true", help="fail on an unlisted accel failure")
+    ap.add_argument(
+        "--scripts",
+        nargs="*",
+        metavar="SCRIPT",
+        help="only accelerate's distributed test scripts (all, or these: test_ops.py, "
+        "external_deps/test_metrics.py)",
+    )
+    ap.add_argument(
+        "--procs",
+        nargs="+",
+        type=int,
+        default=list(_scripts.PROCESS_COUNTS),
+        help="process counts the scripts are launched with (default: 1 2)",
+    )
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("pytest_args", nargs="*", help="passed on to pytest (after --)")
     args = ap.parse_args(argv)
@@ -254,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         names = [n for n in names if n in FAST_FILES]
     if args.files:
         names = [n for n in names if n in args.files]
+    if args.scripts is not None:
+        names = []
     sides = ["accelerate", "accel"] if args.side == "both" else [args.side]
     if "accelerate" in sides and not _has_accelerate():
         print("accelerate is not installed here: running the accel side only", file=sys.stderr)
@@ -264,19 +291,63 @@ def main(argv: list[str] | None = None) -> int:
         results[side] = {}
         batches = [names] if args.fast else [[n] for n in names]
         for batch in batches:
+            if not batch:
+                continue
             for name, res in run_files(work, batch, args.pytest_args).items():
                 results[side][name] = res
                 print(f"  {side:10} {name:52} {_fmt(res.counts)}  {res.seconds:5.0f}s", flush=True)
-    _report(names, results)
+    if names:
+        _report(names, results)
+    script_results = {}
+    if args.scripts is not None or not (args.fast or args.files):
+        script_results = _run_scripts(sdist, sides, args.scripts or [], tuple(args.procs))
     if args.json:
-        args.json.write_text(
-            json.dumps(
-                {s: {n: vars(r) for n, r in rs.items()} for s, rs in results.items()}, indent=1
-            )
-        )
+        data = {s: {n: vars(r) for n, r in rs.items()} for s, rs in results.items()}
+        data["scripts"] = {
+            s: {k: vars(r) | {"log": ""} for k, r in rs.items()} for s, rs in script_results.items()
+        }
+        args.json.write_text(json.dumps(data, indent=1))
     if args.check and "accel" in results:
-        return _check(results["accel"])
+        status = _check(results["accel"]) if names else 0
+        if "accel" in script_results:
+            status |= _check_scripts(script_results["accel"])
+        return status
     return 0
+
+
+def _run_scripts(
+    sdist: Path, sides: list[str], only: list[str], counts: tuple[int, ...]
+) -> dict[str, dict[str, _scripts.Launch]]:
+    """Launch the test scripts on each side; print each launch, then the table."""
+    installed = sdist / "src" / "accelerate" / "test_utils" / "scripts"
+    names = _scripts.script_names(installed)
+    if only:
+        unknown = sorted(set(only) - set(names))
+        if unknown:
+            raise SystemExit(f"no such script: {unknown}; the scripts are {names}")
+        names = [n for n in names if n in only]
+    results = {}
+    for side in sides:
+        work = cache_dir() / "work" / side
+        rewritten = work / "accel_suite" / "test_utils" / "scripts"
+        scripts_dir = installed if side == "accelerate" else rewritten
+
+        def echo(res: _scripts.Launch, side: str = side) -> None:
+            print(f"  {side:10} {res.key:56} {_scripts.cell(res)}", flush=True)
+
+        results[side] = _scripts.run_side(side, scripts_dir, work, names, counts, echo)
+    print("\n" + _scripts.report(names, counts, results))
+    return results
+
+
+def _check_scripts(rs: dict[str, _scripts.Launch]) -> int:
+    problems = _scripts.check(rs, load_expected()["script_failures"], REASONS, EXPECTED.name)
+    for line in problems:
+        print(line)
+    for key in sorted(k for k, r in rs.items() if r.outcome in ("fail", "timeout")):
+        if any(key in p for p in problems):
+            print(f"\n--- {key}: the end of its log ---\n{_scripts.log_tail(rs[key])}")
+    return 1 if problems else 0
 
 
 def _has_accelerate() -> bool:
