@@ -31,6 +31,7 @@ EXPECTED = [
     "TorchTensorParallelPlugin",
     "add_job",
     "apply_tensor_parallel",
+    "balanced_stage_map",
     "build_strategy",
     "deferred_fsync",
     "deferred_write",

@@ -45,7 +45,7 @@ from accel_parallel._parallelism_config import (
     resolve_parallelism_config,
 )
 from accel_parallel._pipeline import PipelinedModel, PipelineOutput, PipelineStrategy
-from accel_parallel._pipeline_plan import PP_SCHEDULES
+from accel_parallel._pipeline_plan import PP_SCHEDULES, balanced_stage_map
 from accel_parallel._registry import (
     ResolvedEngine,
     StrategyRequest,
@@ -92,6 +92,7 @@ __all__ = [
     "TorchTensorParallelPlugin",
     "add_job",
     "apply_tensor_parallel",
+    "balanced_stage_map",
     "build_strategy",
     "deferred_fsync",
     "deferred_write",

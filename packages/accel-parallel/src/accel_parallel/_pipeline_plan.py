@@ -223,3 +223,46 @@ def full_name(stage: nn.Module, local: str) -> str:
 def stage_units(stage: nn.Module) -> list[nn.Module]:
     """The modules a stage owns (those whose weights live on its rank)."""
     return [stage.get_submodule(p) for p in stage.unit_names]
+
+
+# -- a split by size (prepare_pippy's) -------------------------------------------------------
+def _pieces(model: nn.Module, no_split: set[str]) -> list[tuple[str, int]]:
+    """The model's modules in order, down to leaves or unsplittable classes, with sizes."""
+    out: list[tuple[str, int]] = []
+
+    def visit(prefix: str, module: nn.Module) -> None:
+        children = list(module.named_children())
+        if prefix and (not children or type(module).__name__ in no_split):
+            out.append((prefix, sum(p.numel() for p in module.parameters())))
+            return
+        for name, child in children:
+            visit(f"{prefix}.{name}" if prefix else name, child)
+
+    visit("", model)
+    return out
+
+
+def balanced_stage_map(
+    model: nn.Module, num_stages: int, no_split_module_classes: Sequence[str] = ()
+) -> dict[str, int]:
+    """{module name: stage} splitting the model's parameters evenly over `num_stages` stages,
+    in the order the modules are registered (never inside a class of
+    `no_split_module_classes`), every stage non-empty."""
+    pieces = _pieces(model, set(no_split_module_classes))
+    if len(pieces) < num_stages:
+        raise ValueError(
+            f"{type(model).__name__} has {len(pieces)} splittable modules, fewer than the "
+            f"{num_stages} stages asked for; use fewer stages or name the split points."
+        )
+    sizes = [max(size, 1) for _, size in pieces]
+    total = sum(sizes)
+    stages: dict[str, int] = {}
+    done, stage = 0, 0
+    for i, ((name, _), size) in enumerate(zip(pieces, sizes)):
+        # The stage whose share holds this piece's middle; never skipping a stage, and
+        # leaving a piece for each stage after it.
+        share = int((done + size / 2) * num_stages / total)
+        stage = max(min(share, stage + 1, num_stages - 1), num_stages - (len(pieces) - i))
+        stages[name] = stage
+        done += size
+    return stages

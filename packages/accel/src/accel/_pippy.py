@@ -16,23 +16,8 @@ import torch
 from torch import nn
 
 import accel_state
+from accel_parallel import balanced_stage_map
 from accel_state import PartialState
-
-
-def _pieces(model: nn.Module, no_split: set[str]) -> list[tuple[str, int]]:
-    """The model's modules in order, down to leaves or unsplittable classes, with sizes."""
-    out: list[tuple[str, int]] = []
-
-    def visit(prefix: str, module: nn.Module) -> None:
-        children = list(module.named_children())
-        if prefix and (not children or type(module).__name__ in no_split):
-            out.append((prefix, sum(p.numel() for p in module.parameters())))
-            return
-        for name, child in children:
-            visit(f"{prefix}.{name}" if prefix else name, child)
-
-    visit("", model)
-    return out
 
 
 def generate_device_map(
@@ -42,31 +27,15 @@ def generate_device_map(
     max_memory: Any = None,
 ) -> dict[str, int]:
     """{module name: stage} splitting the model's parameters evenly over `num_processes`
-    stages, in the order the modules are registered (never inside a `no_split` class)."""
+    stages, in the order the modules are registered (never inside a `no_split` class): the
+    pipeline plan's split by size (`accel_parallel.balanced_stage_map`)."""
     if max_memory is not None:
         raise ValueError(
             "generate_device_map(max_memory=...) is not used by accel's pipeline split, which "
             "balances parameters over the stages; drop max_memory."
         )
-    no_split = set(no_split_module_classes or getattr(model, "_no_split_modules", None) or [])
-    pieces = _pieces(model, no_split)
-    if len(pieces) < num_processes:
-        raise ValueError(
-            f"{type(model).__name__} has {len(pieces)} splittable modules, fewer than the "
-            f"{num_processes} stages asked for; run on fewer processes or pass split_points."
-        )
-    sizes = [max(size, 1) for _, size in pieces]
-    total = sum(sizes)
-    device_map: dict[str, int] = {}
-    done, stage = 0, 0
-    for i, ((name, _), size) in enumerate(zip(pieces, sizes)):
-        # The stage whose share holds this piece's middle; never skipping a stage, and
-        # leaving a piece for each stage after it.
-        share = int((done + size / 2) * num_processes / total)
-        stage = max(min(share, stage + 1, num_processes - 1), num_processes - (len(pieces) - i))
-        device_map[name] = stage
-        done += size
-    return device_map
+    no_split = no_split_module_classes or getattr(model, "_no_split_modules", None) or []
+    return balanced_stage_map(model, num_processes, no_split)
 
 
 def find_pippy_batch_size(args: Any, kwargs: Any) -> int | None:
