@@ -54,6 +54,7 @@ EXPECTED = [
     "load_offload_index",
     "load_offloaded_weight",
     "load_state_dict",
+    "load_weights_file",
     "named_module_tensors",
     "offload_state_dict",
     "offload_weight",
@@ -62,6 +63,8 @@ EXPECTED = [
     "resolve_device_map",
     "retie_parameters",
     "save_offload_index",
+    "save_sharded_weights",
+    "save_weights_file",
     "send_to_device",
     "set_module_tensor_to_device",
 ]

@@ -19,6 +19,7 @@ EXPECTED = [
     "SeedableRandomSampler",
     "SkipBatchSampler",
     "SkipDataLoader",
+    "continue_data_position",
     "find_batch_size",
     "get_sampler",
     "prepare_data_loader",

@@ -24,6 +24,7 @@ from accel_bigmodel._dispatch import (
     dispatch_model,
     load_checkpoint_and_dispatch,
 )
+from accel_bigmodel._export import load_weights_file, save_sharded_weights, save_weights_file
 from accel_bigmodel._hook_utils import (
     SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING,
     LayerwiseCastingHook,
@@ -143,6 +144,7 @@ __all__ = [
     "load_offload_index",
     "load_offloaded_weight",
     "load_state_dict",
+    "load_weights_file",
     "named_module_tensors",
     "offload_state_dict",
     "offload_weight",
@@ -151,6 +153,8 @@ __all__ = [
     "resolve_device_map",
     "retie_parameters",
     "save_offload_index",
+    "save_sharded_weights",
+    "save_weights_file",
     "send_to_device",
     "set_module_tensor_to_device",
 ]

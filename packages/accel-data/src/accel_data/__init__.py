@@ -17,6 +17,7 @@ from accel_data._dispatch import DataLoaderDispatcher
 from accel_data._iterable import IterableDatasetShard
 from accel_data._ops import find_batch_size, send_to_device
 from accel_data._prepare import prepare_data_loader
+from accel_data._resume import continue_data_position
 from accel_data._samplers import BatchSamplerShard, SeedableRandomSampler
 from accel_data._shard import DataLoaderShard
 from accel_data._skip import skip_first_batches
@@ -35,6 +36,7 @@ __all__ = [
     "SeedableRandomSampler",
     "SkipBatchSampler",
     "SkipDataLoader",
+    "continue_data_position",
     "find_batch_size",
     "get_sampler",
     "prepare_data_loader",

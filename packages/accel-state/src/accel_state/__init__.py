@@ -1,4 +1,5 @@
-"""accel-state: who am I. Process topology, device, process group, collectives, seeding.
+"""accel-state: who am I. Process topology, device, process group, collectives, seeding, and
+the RNG state a checkpoint keeps per process.
 
 Importing this package does nothing: the environment is read and the process group created
 when the first `PartialState()` is made.
@@ -31,6 +32,7 @@ from accel_state._ops import (
     send_to_device,
 )
 from accel_state._random import set_seed, synchronize_rng_state, synchronize_rng_states
+from accel_state._rng_file import load_rng_file, rng_state, set_rng_state
 from accel_state._shortcuts import (
     on_last_process,
     on_local_main_process,
@@ -73,6 +75,7 @@ __all__ = [
     "honor_type",
     "is_namedtuple",
     "is_torch_tensor",
+    "load_rng_file",
     "on_last_process",
     "on_local_main_process",
     "on_main_process",
@@ -81,7 +84,9 @@ __all__ = [
     "recursively_apply",
     "reduce",
     "resolved_launch_config",
+    "rng_state",
     "send_to_device",
+    "set_rng_state",
     "set_seed",
     "split_range",
     "synchronize_rng_state",

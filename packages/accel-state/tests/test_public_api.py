@@ -1,0 +1,96 @@
+"""The public API is declared once and changes only on purpose."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+import accel_state
+
+EXPECTED = [
+    "CannotPadNestedTensorWarning",
+    "DistributedOperationException",
+    "DistributedType",
+    "InitProcessGroupKwargs",
+    "LaunchInfo",
+    "LoggerType",
+    "PartialState",
+    "PrecisionType",
+    "ProcessControl",
+    "RNGType",
+    "ReduceOp",
+    "Topology",
+    "available_backends",
+    "broadcast",
+    "broadcast_object_list",
+    "concatenate",
+    "detect_launch",
+    "find_batch_size",
+    "first_slurm_host",
+    "gather",
+    "gather_object",
+    "honor_type",
+    "is_namedtuple",
+    "is_torch_tensor",
+    "load_rng_file",
+    "on_last_process",
+    "on_local_main_process",
+    "on_main_process",
+    "on_process",
+    "pad_across_processes",
+    "recursively_apply",
+    "reduce",
+    "resolved_launch_config",
+    "rng_state",
+    "send_to_device",
+    "set_rng_state",
+    "set_seed",
+    "split_range",
+    "synchronize_rng_state",
+    "synchronize_rng_states",
+    "wait_for_everyone",
+]
+
+
+def test_all_is_the_declared_api() -> None:
+    assert accel_state.__all__ == EXPECTED
+    assert len(set(EXPECTED)) == len(EXPECTED)  # in ruff's order: classes, then functions
+
+
+def test_every_name_resolves() -> None:
+    for name in accel_state.__all__:
+        assert getattr(accel_state, name) is not None, name
+
+
+def test_import_imports_no_sibling_and_touches_nothing() -> None:
+    code = (
+        "import os, sys; before = dict(os.environ); import accel_state, torch; "
+        "import torch.distributed as dist; "
+        "bad = [m for m in sys.modules if m.startswith('accel_') and m != 'accel_state' "
+        "and not m.startswith('accel_state.')]; "
+        "assert not bad, bad; assert dict(os.environ) == before; "
+        "assert not dist.is_initialized(); assert not torch.cuda.is_initialized(); print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def test_rng_file_round_trip(tmp_path: Path) -> None:
+    """What rng_state captures, written as accelerate writes it, restores every generator."""
+    random.seed(1)
+    torch.manual_seed(1)
+    state = accel_state.rng_state(step=7)
+    torch.save(state, tmp_path / "random_states_0.pkl")
+    expected = (random.random(), torch.rand(3))
+    random.seed(2)
+    torch.manual_seed(2)
+    loaded = accel_state.load_rng_file(tmp_path / "random_states_0.pkl")
+    assert loaded["step"] == 7
+    accel_state.set_rng_state(loaded)
+    assert random.random() == expected[0]
+    assert torch.equal(torch.rand(3), expected[1])
