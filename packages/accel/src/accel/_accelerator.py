@@ -13,15 +13,16 @@ import dataclasses
 import gc
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 import accel_state
 from accel._accelerator_state import AcceleratorState
-from accel._checkpointing import CheckpointingMixin
+from accel._checkpoint import Checkpointer
 from accel._config import ProfileKwargs, ProjectConfiguration, sort_kwargs_handlers
 from accel._data_loader import DataLoaderDispatcher, DataLoaderShard, iteration_observer
 from accel._dynamo import TorchDynamoPlugin, compile_model, resolve_dynamo_plugin
@@ -61,7 +62,7 @@ def _from_launch(name: str, code_value: Any, default: Any) -> Any:
     return code_value
 
 
-class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMixin, MeshMixin):
+class Accelerator(ProcessControl, TrackingMixin, StoppingMixin, MeshMixin):
     """Runs an ordinary PyTorch training loop unchanged on one or many processes."""
 
     def __init__(
@@ -107,9 +108,9 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
         self.dataloader_config = _dataloader_config(
             dataloader_config, split_batches, even_batches, dispatch_batches, use_seedable_sampler
         )
-        self.project_configuration = project_config or ProjectConfiguration()
+        project = project_config or ProjectConfiguration()  # held by the Checkpointer
         if project_dir is not None:
-            self.project_configuration.set_directories(project_dir)
+            project.set_directories(project_dir)
 
         mode = str(_from_launch("mixed_precision", mixed_precision, "no"))
         launched = resolved_launch_config()
@@ -175,8 +176,13 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
         self._dataloaders: list[Any] = []
         self._replaced_optimizers: dict[int, tuple[Any, Any]] = {}
         self._trigger = False
+        self._checkpointer = Checkpointer(
+            state=self.state, strategy=self.strategy, precision=self.precision,
+            gradient_state=self.gradient_state, project_configuration=project,
+            models=self._models, optimizers=self._optimizers, schedulers=self._schedulers,
+            dataloaders=self._dataloaders,
+        )  # fmt: skip
         self._init_tracking(log_with)
-        self._init_checkpointing()
 
     # -- the familiar properties ------------------------------------------------------------
     device = property(lambda self: self.state.device)
@@ -655,6 +661,87 @@ class Accelerator(ProcessControl, TrackingMixin, CheckpointingMixin, StoppingMix
             os.makedirs(handler.output_trace_dir, exist_ok=True)
             path = os.path.join(handler.output_trace_dir, f"trace_rank{self.process_index}.json")
             prof.export_chrome_trace(path)
+
+    # -- checkpoints: the Checkpointer (accel._checkpoint) does the work -----------------------
+    project_configuration = property(
+        lambda self: self._checkpointer.project_configuration,
+        lambda self, value: setattr(self._checkpointer, "project_configuration", value),
+        doc="The ProjectConfiguration: folders, automatic checkpoint naming, its iteration.",
+    )
+    # an asynchronous save in flight and its CPU buffers (end_training and free_memory use them)
+    _pending_save = property(
+        lambda self: self._checkpointer.pending,
+        lambda self, value: setattr(self._checkpointer, "pending", value),
+    )
+    _staging_buffers = property(lambda self: self._checkpointer.staging_buffers)
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Save and restore these objects (anything with state_dict / load_state_dict)."""
+        self._checkpointer.register(*objects)
+
+    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """``hook(models, weights, output_dir)`` before the models are saved; removing a
+        model's entry from `weights` skips writing it (the hook saves it its own way)."""
+        return self._checkpointer.add_save_hook(hook)
+
+    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """``hook(models, input_dir)`` before the models are loaded; removing a model from
+        `models` skips loading it."""
+        return self._checkpointer.add_load_hook(hook)
+
+    def save_state(
+        self,
+        output_dir: str | os.PathLike[str] | None = None,
+        safe_serialization: bool = True,
+        async_save: bool | None = None,
+    ) -> str:
+        """Save everything needed to resume exactly; returns the checkpoint folder.
+
+        With `async_save` (default: ProjectConfiguration.async_save) it returns once every
+        tensor is staged in CPU memory and writes in a background thread; see
+        `wait_for_checkpoint`."""
+        return self._checkpointer.save(output_dir, safe_serialization, async_save)
+
+    def wait_for_checkpoint(self) -> None:
+        """Wait until an asynchronous `save_state` is written and marked complete (on every
+        process); raise its error if it failed. Does nothing when none is in flight."""
+        self._checkpointer.wait()
+
+    def load_state(
+        self, input_dir: str | os.PathLike[str] | None = None, **load_kwargs: Any
+    ) -> str:
+        """Restore what save_state saved; with no path, the newest complete checkpoint.
+
+        `map_location` ("cpu", "on_device" or None) is checked as accelerate checks it; either
+        value gives the same result, as the loaded states are copied to where the parameters
+        (and the optimizer's states) live, which is where "on_device" reads them to.
+        """
+        stateful = self.use_stateful_dataloader
+        return self._checkpointer.load(input_dir, stateful_loaders=stateful, **load_kwargs)
+
+    def load_state_if_any(self, **load_kwargs: Any) -> str | None:
+        """Resume from the newest complete checkpoint when there is one; else start fresh.
+
+        One line at the top of a loop that torchrun may restart (``accel launch
+        --max_restarts N``) or a job that is requeued: returns the checkpoint loaded, or
+        None. Needs ProjectConfiguration(automatic_checkpoint_naming=True) and a
+        project_dir; call it after `prepare` and `register_for_checkpointing`.
+        """
+        stateful = self.use_stateful_dataloader
+        return self._checkpointer.load_if_any(stateful_loaders=stateful, **load_kwargs)
+
+    def save_model(
+        self,
+        model: nn.Module,
+        save_directory: str | os.PathLike[str],
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        """Write the model's weights for inference, sharded with an index json when large."""
+        unwrapped = self.unwrap_model(model)
+        self._checkpointer.save_model(
+            model, unwrapped, save_directory, max_shard_size, safe_serialization
+        )
 
     def __repr__(self) -> str:
         return f"Accelerator(strategy={self.strategy.name}, mixed_precision={self.mixed_precision!r}, state={self.state!r})"

@@ -1,104 +1,62 @@
-"""Model weights to and from files: safetensors (tied tensors stored once) or torch's format."""
+"""Checkpoint file I/O: the full weights of a model (accel-bigmodel's weight files, flushed
+through accel-parallel's deferred writes) and the other objects of a save_state folder."""
 
 from __future__ import annotations
 
-import json
-import os
+import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from accel_parallel import deferred_write, fsync_file
-
-_ALIASES_KEY = "accel_aliases"
-
-
-def dedupe_shared(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Drop tensors that alias an earlier one (tied weights); return {dropped: kept}."""
-    kept: dict[tuple, str] = {}
-    out: dict[str, torch.Tensor] = {}
-    aliases: dict[str, str] = {}
-    for name, tensor in state.items():
-        if tensor.device.type == "meta" or tensor.numel() == 0:
-            out[name] = tensor
-            continue
-        key = (
-            tensor.untyped_storage().data_ptr(),
-            tensor.storage_offset(),
-            tuple(tensor.shape),
-            tensor.dtype,
-        )
-        if key in kept:
-            aliases[name] = kept[key]
-        else:
-            kept[key] = name
-            out[name] = tensor
-    return out, aliases
+from accel_parallel.checkpoint import weights_file
 
 
-def save_state_dict(
-    state: dict[str, torch.Tensor], path: str | os.PathLike[str], safe: bool = True
-) -> None:
-    """Write a tensor state dict and fsync it. Tied tensors are written once."""
-    if safe:
-        unique, aliases = dedupe_shared(state)
-        from safetensors.torch import save_file
+def _write_weights(state: dict[str, torch.Tensor], path: Path, safe: bool) -> None:
+    from accel_bigmodel import save_weights_file  # imported on use: `import accel` stays light
 
-        tensors = {k: v.detach().contiguous().cpu() for k, v in unique.items()}
-        save_file(
-            tensors, os.fspath(path), metadata={"format": "pt", _ALIASES_KEY: json.dumps(aliases)}
-        )
-    else:  # a plain state dict, as accelerate writes it: torch keeps tied tensors shared
-        torch.save({k: v.detach().cpu() for k, v in state.items()}, path)
-    fsync_file(path)
-
-
-def load_state_dict(
-    path: str | os.PathLike[str], device: str | torch.device = "cpu"
-) -> dict[str, torch.Tensor]:
-    """Read what `save_state_dict` wrote (aliases restored); .bin/.pt load with weights_only."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"checkpoint file {path} does not exist")
-    if path.suffix == ".safetensors":
-        from safetensors import safe_open
-
-        with safe_open(os.fspath(path), framework="pt", device=str(device)) as f:
-            state = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
-            aliases = json.loads((f.metadata() or {}).get(_ALIASES_KEY, "{}"))
-    else:
-        loaded = torch.load(path, map_location=device, weights_only=True)
-        if isinstance(loaded, dict) and set(loaded) == {"state", "aliases"}:
-            state, aliases = loaded["state"], loaded["aliases"]
-        else:
-            state, aliases = loaded, {}
-    for dropped, kept in aliases.items():
-        state[dropped] = state[kept]
-    return state
-
-
-def _bin_name(base: Path) -> Path:
-    """accelerate's torch-format name of a model's weights: model_1 -> pytorch_model_1.bin."""
-    return base.with_name(f"pytorch_{base.name}.bin")
+    save_weights_file(state, path, safe, fsync=False)
+    fsync_file(path)  # in the background inside a checkpoint's deferred_fsync
 
 
 def weights_writer(safe: bool):
-    """A `write_full` for strategies: ``<base>.safetensors``, or ``pytorch_<base>.bin`` (the
-    names accelerate gives them: model.safetensors, pytorch_model.bin)."""
+    """A `write_full` for strategies: model `base` as ``model.safetensors`` /
+    ``pytorch_model_1.bin`` (`accel_parallel.checkpoint.weights_file`)."""
 
     def write(state: dict[str, torch.Tensor], base: Path) -> None:
-        path = base.with_name(base.name + ".safetensors") if safe else _bin_name(base)
-        deferred_write(lambda s, p: save_state_dict(s, p, safe), state, path)
+        path = base.with_name(weights_file(base.name, safe))
+        deferred_write(lambda s, p: _write_weights(s, p, safe), state, path)
 
     return write
 
 
 def read_weights(base: Path) -> dict[str, torch.Tensor]:
-    """A `read_full` for strategies: ``<base>.safetensors``, else ``pytorch_<base>.bin``."""
-    for path in (base.with_name(base.name + ".safetensors"), _bin_name(base)):
+    """A `read_full` for strategies: model `base`'s safetensors file, else its torch file."""
+    from accel_bigmodel import load_weights_file  # imported on use: `import accel` stays light
+
+    for path in (base.with_name(weights_file(base.name, safe)) for safe in (True, False)):
         if path.exists():
-            return load_state_dict(path)
+            return load_weights_file(path)
     raise FileNotFoundError(
-        f"the checkpoint has no weights file {base.name}.safetensors (nor "
-        f"{_bin_name(base).name}) in {base.parent}"
+        f"the checkpoint has no weights file {weights_file(base.name)} (nor "
+        f"{weights_file(base.name, safe=False)}) in {base.parent}"
     )
+
+
+def load_file(path: Path, trusted: bool = False) -> Any:
+    """torch.load with weights_only; `trusted` files fall back to full unpickling, saying so
+    (the warning points at the caller of Accelerator.load_state, which reads them)."""
+    if not path.exists():
+        raise FileNotFoundError(f"the checkpoint is missing {path.name} (in {path.parent})")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:
+        if not trusted:
+            raise
+        warnings.warn(
+            f"{path.name} holds objects beyond tensors and plain values; loading it with full "
+            f"unpickling (only load checkpoints you trust).",
+            stacklevel=4,
+        )
+        return torch.load(path, map_location="cpu", weights_only=False)

@@ -1,4 +1,5 @@
-"""File names and fixed values that code written for accelerate imports by name."""
+"""File names and fixed values that code written for accelerate imports by name (the
+checkpoint file names are accel-parallel's, re-exported)."""
 
 from __future__ import annotations
 
@@ -25,20 +26,23 @@ from accel_cli.familiar import (
     TORCH_DYNAMO_MODES as TORCH_DYNAMO_MODES,
 )
 
-MODEL_NAME = "pytorch_model"
-SAFE_MODEL_NAME = "model"
-OPTIMIZER_NAME = "optimizer"
-SCHEDULER_NAME = "scheduler"
-SAMPLER_NAME = "sampler"
-SCALER_NAME = "scaler.pt"
-RNG_STATE_NAME = "random_states"
+# checkpoint file names: accel-parallel's checkpoint layout owns them
+from accel_parallel.checkpoint import FSDP_MODEL_NAME as FSDP_MODEL_NAME
+from accel_parallel.checkpoint import MODEL_NAME as MODEL_NAME
+from accel_parallel.checkpoint import OPTIMIZER_NAME as OPTIMIZER_NAME
+from accel_parallel.checkpoint import RNG_STATE_NAME as RNG_STATE_NAME
+from accel_parallel.checkpoint import SAFE_MODEL_NAME as SAFE_MODEL_NAME
+from accel_parallel.checkpoint import SAFE_WEIGHTS_INDEX_NAME as SAFE_WEIGHTS_INDEX_NAME
+from accel_parallel.checkpoint import SAFE_WEIGHTS_NAME as SAFE_WEIGHTS_NAME
+from accel_parallel.checkpoint import SAFE_WEIGHTS_PATTERN_NAME as SAFE_WEIGHTS_PATTERN_NAME
+from accel_parallel.checkpoint import SAMPLER_NAME as SAMPLER_NAME
+from accel_parallel.checkpoint import SCALER_NAME as SCALER_NAME
+from accel_parallel.checkpoint import SCHEDULER_NAME as SCHEDULER_NAME
+from accel_parallel.checkpoint import WEIGHTS_INDEX_NAME as WEIGHTS_INDEX_NAME
+from accel_parallel.checkpoint import WEIGHTS_NAME as WEIGHTS_NAME
+from accel_parallel.checkpoint import WEIGHTS_PATTERN_NAME as WEIGHTS_PATTERN_NAME
+
 PROFILE_PATTERN_NAME = "profile_{suffix}.json"
-WEIGHTS_NAME = f"{MODEL_NAME}.bin"
-WEIGHTS_PATTERN_NAME = "pytorch_model{suffix}.bin"
-WEIGHTS_INDEX_NAME = f"{WEIGHTS_NAME}.index.json"
-SAFE_WEIGHTS_NAME = f"{SAFE_MODEL_NAME}.safetensors"
-SAFE_WEIGHTS_PATTERN_NAME = "model{suffix}.safetensors"
-SAFE_WEIGHTS_INDEX_NAME = f"{SAFE_WEIGHTS_NAME}.index.json"
 XPU_PROFILING_AVAILABLE_PYTORCH_VERSION = "2.4.0"
 MITA_PROFILING_AVAILABLE_PYTORCH_VERSION = "2.1.0"
 # The distributed types whose collectives run on CUDA devices, then every torch.distributed one.
@@ -65,7 +69,6 @@ FSDP_SHARDING_STRATEGY = [
 FSDP_AUTO_WRAP_POLICY = ["TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"]
 FSDP_BACKWARD_PREFETCH = ["BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"]
 FSDP_STATE_DICT_TYPE = ["FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT"]
-FSDP_MODEL_NAME = "pytorch_model_fsdp"
 # Minimum versions accelerate checks features against (strings, for `compare_versions`).
 FSDP_PYTORCH_VERSION = "2.1.0.a0+32f93b1"  # 2.1.0; MS-AMP's image ships this prerelease
 FSDP2_PYTORCH_VERSION = "2.6.0"

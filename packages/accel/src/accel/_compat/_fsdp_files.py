@@ -17,12 +17,7 @@ from typing import Any
 import torch
 
 from accel._io import read_weights, weights_writer
-
-MODEL_NAME = "model"
-
-
-def _name(base: str, index: int) -> str:
-    return base if index == 0 else f"{base}_{index}"
+from accel_parallel.checkpoint import model_name, optimizer_name
 
 
 def _strategy(accelerator: Any, what: str) -> Any:
@@ -47,7 +42,7 @@ def save_fsdp_model(
     folder = Path(output_dir)
     folder.mkdir(parents=True, exist_ok=True)
     strategy.save_model_files(
-        model, folder, _name(MODEL_NAME, model_index),
+        model, folder, model_name(model_index),
         writer=accelerator.is_main_process, write_full=weights_writer(False),
     )  # fmt: skip
     accelerator.wait_for_everyone()
@@ -63,7 +58,7 @@ def load_fsdp_model(
     """Load what `save_fsdp_model` wrote into the prepared `model` (every process calls it)."""
     strategy = _strategy(accelerator, "load_fsdp_model")
     strategy.load_model_files(
-        model, Path(input_dir), _name(MODEL_NAME, model_index), read_full=read_weights
+        model, Path(input_dir), model_name(model_index), read_full=read_weights
     )
 
 
@@ -80,7 +75,7 @@ def save_fsdp_optimizer(
     folder = Path(output_dir)
     folder.mkdir(parents=True, exist_ok=True)
     strategy.save_optimizer_files(
-        getattr(optimizer, "optimizer", optimizer), folder, _name("optimizer", optimizer_index),
+        getattr(optimizer, "optimizer", optimizer), folder, optimizer_name(optimizer_index),
         writer=accelerator.is_main_process, model=model,
     )  # fmt: skip
     accelerator.wait_for_everyone()
@@ -98,5 +93,5 @@ def load_fsdp_optimizer(
     strategy = _strategy(accelerator, "load_fsdp_optimizer")
     strategy.load_optimizer_files(
         getattr(optimizer, "optimizer", optimizer), Path(input_dir),
-        _name("optimizer", optimizer_index), model=model,
+        optimizer_name(optimizer_index), model=model,
     )  # fmt: skip

@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from accel_parallel.checkpoint import custom_file
+
 
 class ThreadLocalSharedDict(threading.local):
     """A dict shared by the objects of one thread (the state classes' shared storage)."""
@@ -61,14 +63,14 @@ def save_custom_state(
     """Save `obj.state_dict()` as ``custom_checkpoint_<index>.pkl`` in `path`."""
     from accel._compat._other import save
 
-    save(obj.state_dict(), os.path.join(path, f"custom_checkpoint_{index}.pkl"), save_on_each_node)
+    save(obj.state_dict(), os.path.join(path, custom_file(index)), save_on_each_node)
 
 
 def load_custom_state(obj: Any, path: str | os.PathLike[str], index: int = 0) -> None:
     """Load what `save_custom_state` wrote into `obj`."""
     obj.load_state_dict(
         torch.load(
-            os.path.join(path, f"custom_checkpoint_{index}.pkl"),
+            os.path.join(path, custom_file(index)),
             map_location="cpu",
             weights_only=False,
         )

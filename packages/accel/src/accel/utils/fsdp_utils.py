@@ -39,11 +39,11 @@ from accel._compat._other import (
 from accel._compat._versions import (
     is_torch_version,
 )
-from accel._export import merge_fsdp_weights
 from accel._logging import (
     get_logger,
 )
 from accel_bigmodel import get_non_persistent_buffers
+from accel_parallel.checkpoint import merge_fsdp_weights
 
 __all__ = [
     "FSDP_MODEL_NAME",
