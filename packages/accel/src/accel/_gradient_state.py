@@ -118,7 +118,12 @@ class GradientState:
 
     @property
     def active_dataloader(self) -> Any:
-        return self.active_dataloaders[-1] if self.active_dataloaders else None
+        """The innermost loader being iterated (read once a step: builds no list)."""
+        for ref in reversed(self.__dict__.get("_active_refs", ())):
+            loader = ref()
+            if loader is not None:
+                return loader
+        return None
 
     @property
     def end_of_dataloader(self) -> bool:
@@ -145,7 +150,8 @@ class GradientState:
     def advance(self) -> None:
         """Called once per micro-batch by `Accelerator.accumulate`: decide whether to sync."""
         plugin = self.plugin
-        if plugin.sync_with_dataloader and self.active_dataloaders and self.end_of_dataloader:
+        iterating = self.__dict__.get("_active_refs")  # no loader: no property to run
+        if iterating and plugin.sync_with_dataloader and self.end_of_dataloader:
             self.step = self.micro_step = 0
             self.sync_gradients = True
         else:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from accel_tracking import filter_trackers, resolve_trackers
-
 
 class _NoOpTracker:
     """What `get_tracker` returns on processes that do not log: every call does nothing."""
@@ -26,6 +24,9 @@ class TrackingMixin:
         self.log_with = log_with
         self.trackers: list[Any] = []
         if self.is_main_process:
+            # imported on use, so that importing accel does not load every tracker module
+            from accel_tracking import filter_trackers
+
             filter_trackers(log_with, self.logging_dir)  # fail early on a bad name
 
     def init_trackers(
@@ -37,6 +38,8 @@ class TrackingMixin:
         """Start the trackers of `log_with` on the main process and store `config`."""
         if not self.is_main_process:
             return
+        from accel_tracking import resolve_trackers
+
         self.trackers = resolve_trackers(
             self.log_with,
             project_name,
