@@ -173,7 +173,8 @@ class _PreparedLoader(DataLoaderAdapter, DataLoaderStateMixin):
         self._yielded = skip
         self.begin()
         # torchdata's state, taken per batch only over a StatefulDataLoader
-        snapshot = self.base_dataloader.state_dict if self._is_stateful else _no_state
+        stateful = self._is_stateful
+        snapshot = self.base_dataloader.state_dict if stateful else _no_state
         try:
             batches = self._batches(skip)
             current = next(batches, _END)
@@ -182,7 +183,7 @@ class _PreparedLoader(DataLoaderAdapter, DataLoaderStateMixin):
                 return
             current_state = snapshot()
             for upcoming in batches:  # look one batch ahead to know which batch is the last
-                upcoming_state = snapshot()
+                upcoming_state = snapshot() if stateful else None  # no call per batch
                 self._yielded += 1
                 self._base_state = current_state  # torchdata's state once `current` is consumed
                 yield current

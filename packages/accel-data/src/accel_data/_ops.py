@@ -44,7 +44,21 @@ def send_to_device(data: Any, device: torch.device | str | None, non_blocking: b
     if isinstance(data, torch.Tensor):
         return data.to(device, non_blocking=non_blocking)
     if isinstance(data, (list, tuple, Mapping)):
-        return map_tensors(data, lambda t: t.to(device, non_blocking=non_blocking))
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device, non_blocking=non_blocking)
+
+        kind = type(data)
+        if kind is list or kind is tuple:  # a collated batch, moved once a step: walk it inline
+            return kind(
+                [
+                    v.to(device, non_blocking=non_blocking)
+                    if isinstance(v, torch.Tensor)
+                    else map_tensors(v, move)
+                    for v in data
+                ]
+            )
+        return map_tensors(data, move)
     to = getattr(data, "to", None)
     if callable(to):
         try:
