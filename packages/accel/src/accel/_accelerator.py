@@ -431,8 +431,10 @@ class Accelerator(ProcessControl, TrackingMixin, StoppingMixin, MeshMixin):
 
         `scale_wrt_gas=False` (the keyword accelerate's DeepSpeed path takes, and transformers'
         Trainer passes after dividing the loss itself) leaves the loss undivided."""
-        if kwargs.pop("scale_wrt_gas", True) and self.gradient_accumulation_steps > 1:
-            loss = loss / self.gradient_accumulation_steps
+        scale = kwargs.pop("scale_wrt_gas", True) if kwargs else True
+        steps = self.gradient_state.plugin.num_steps  # gradient_accumulation_steps, read once
+        if scale and steps > 1:
+            loss = loss / steps
         self.strategy.backward(loss, self.precision.backward, **kwargs)
 
     def accumulate(self, *models: nn.Module) -> contextlib.AbstractContextManager[None]:
