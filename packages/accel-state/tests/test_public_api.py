@@ -12,6 +12,7 @@ import torch
 import accel_state
 
 EXPECTED = [
+    "ENV_ACCEL_CONFIG",
     "CannotPadNestedTensorWarning",
     "DistributedOperationException",
     "DistributedType",

@@ -13,7 +13,12 @@ from accel_state._enums import (
     ReduceOp,
     RNGType,
 )
-from accel_state._environment import LaunchInfo, detect_launch, first_slurm_host
+from accel_state._environment import (
+    ENV_ACCEL_CONFIG,
+    LaunchInfo,
+    detect_launch,
+    first_slurm_host,
+)
 from accel_state._ops import (
     CannotPadNestedTensorWarning,
     DistributedOperationException,
@@ -51,6 +56,7 @@ from accel_state._state import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "ENV_ACCEL_CONFIG",
     "CannotPadNestedTensorWarning",
     "DistributedOperationException",
     "DistributedType",

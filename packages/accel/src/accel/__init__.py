@@ -41,7 +41,7 @@ _LAZY = {
     "DeepSpeedPlugin": "accel_parallel",
     "DistributedDataParallelKwargs": "accel_parallel",
     "FullyShardedDataParallelPlugin": "accel_parallel",
-    "ParallelismConfig": "accel_parallel._env_filled",
+    "ParallelismConfig": "accel_parallel.familiar",
     "AORecipeKwargs": "accel_precision",
     "AutocastKwargs": "accel_precision",
     "FP8RecipeKwargs": "accel_precision",
@@ -82,7 +82,7 @@ if TYPE_CHECKING:
         DistributedDataParallelKwargs,
         FullyShardedDataParallelPlugin,
     )
-    from accel_parallel._env_filled import ParallelismConfig
+    from accel_parallel.familiar import ParallelismConfig
     from accel_precision import (
         AORecipeKwargs,
         AutocastKwargs,

@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from accel_state._environment import ENV_ACCEL_CONFIG
+from accel_state import ENV_ACCEL_CONFIG
 
 # accelerate refuses to fork after these were imported (they initialize the device on import)
 _INITIALIZE_DEVICE_ON_IMPORT = ("bitsandbytes",)
