@@ -436,3 +436,29 @@ def test_registering_objects_without_state_names_each_by_index() -> None:
     message = str(err.value)
     assert "Item at index 0 (Tensor)" in message and "Item at index 1 (Tensor)" in message
     assert "index 2" not in message and "index 3" not in message
+
+
+def _own_folders(base: str, asynchronous: bool) -> list[list[int]]:
+    import tempfile
+
+    acc = Accelerator(cpu=True)
+    loader = acc.prepare(DataLoader(IdData(16), batch_size=2, shuffle=True))
+    with tempfile.TemporaryDirectory(dir=base) as mine:  # a folder of this process's own
+        seen, rest = [], []
+        for i, batch in enumerate(loader):
+            seen.append(batch["id"].tolist())
+            if i == 1:
+                acc.save_state(mine, async_save=asynchronous)
+                acc.wait_for_checkpoint()
+        acc.load_state(mine)
+        rest = [b["id"].tolist() for b in loader]
+    return [seen[2:], rest]
+
+
+def test_each_process_saving_into_its_own_folder_resumes(tmp_path: Path) -> None:
+    # accelerate's test_distributed_data_loop gives each rank a TemporaryDirectory of its own:
+    # each process completes its own folder, and resumes from it.
+    for asynchronous in (False, True):
+        results = run_distributed(_own_folders, str(tmp_path), asynchronous, world_size=2)
+        for unseen, resumed in results:
+            assert resumed == unseen and len(resumed) == 2

@@ -42,9 +42,12 @@ from accel_parallel import (
     resolve_strategy,
 )
 from accel_precision import FP8RecipeKwargs, make_precision
-from accel_state import ProcessControl, resolved_launch_config
+from accel_state import DistributedType, ProcessControl, resolved_launch_config
 
 _NULL_CONTEXT = contextlib.nullcontext()
+# Where torch's Join applies: DDP over processes (of any device kind; an assigned
+# `state.distributed_type` of another engine turns it off, as in accelerate).
+_DATA_PARALLEL_TYPES = frozenset(t for t in DistributedType if t.name.startswith("MULTI_"))
 
 
 def _from_launch(name: str, code_value: Any, default: Any) -> Any:
@@ -467,11 +470,12 @@ class Accelerator(ProcessControl, TrackingMixin, StoppingMixin, MeshMixin):
         DataLoaders' setting for the block (False: each process keeps its own, shorter share,
         as accelerate does); the loaders get their own setting back afterwards.
         """
-        if not isinstance(self.strategy, JoinsUnevenInputs):
-            if self.num_processes > 1:
+        joins = isinstance(self.strategy, JoinsUnevenInputs) and self.num_processes > 1
+        if not joins or self.distributed_type not in _DATA_PARALLEL_TYPES:
+            if self.distributed_type != DistributedType.NO:  # accelerate's warning
                 warnings.warn(
-                    f"join_uneven_inputs supports DDP only; with strategy "
-                    f"{self.strategy.name!r} the block runs without Join.",
+                    "Joining uneven inputs is only supported for multi-GPU training, as a result "
+                    "`join_uneven_inputs` will have no effect.",
                     stacklevel=3,
                 )
             yield

@@ -117,6 +117,21 @@ class Checkpointer:
             return self.state.is_local_main_process
         return self.state.is_main_process
 
+    def _sharers(self, target: Path) -> list[int]:
+        """The ranks saving into the same folder as this process (every rank, unless the
+        processes were given folders of their own: a temporary folder each, say)."""
+        import accel_state
+
+        if self.state.num_processes == 1:
+            return [0]
+        targets = accel_state.gather_object([os.fspath(target)])
+        return [r for r, t in enumerate(targets) if t == os.fspath(target)]
+
+    def _owns(self, sharers: list[int]) -> bool:
+        """Whether this process creates and completes its folder: the writer, or the first of
+        the processes sharing a folder no writer saves into."""
+        return self.writer or (self.state.process_index == sharers[0] and 0 not in sharers)
+
     def model_of(self, optimizer: torch.optim.Optimizer) -> torch.nn.Module | None:
         """The prepared model whose parameters `optimizer` trains (None if there is none)."""
         return model_of(self.models, optimizer)
@@ -139,7 +154,9 @@ class Checkpointer:
             )
         target = _naming.save_target(pc, output_dir)
         tmp = staging_path(target, pc.automatic_checkpoint_naming)
-        if self.writer:
+        sharers = self._sharers(target)
+        owner = self._owns(sharers)
+        if owner:
             if tmp.exists():
                 shutil.rmtree(tmp)
             tmp.mkdir(parents=True)
@@ -151,8 +168,8 @@ class Checkpointer:
             with staged_writes(self.staging_buffers) as jobs:  # copied now, written later
                 write_checkpoint(self, tmp, safe_serialization)
             self.pending = AsyncSave(
-                jobs, tmp, target, meta, limit, writer=self.writer,
-                rank=self.state.process_index, world=self.state.num_processes, fsync=pc.fsync,
+                jobs, tmp, target, meta, limit, writer=owner,
+                rank=self.state.process_index, ranks=sharers, fsync=pc.fsync,
             )  # fmt: skip
             if pc.automatic_checkpoint_naming:
                 pc.iteration += 1
@@ -161,7 +178,7 @@ class Checkpointer:
         with deferred_fsync(enabled=pc.fsync), parallel_writes():
             write_checkpoint(self, tmp, safe_serialization)
         self.state.wait_for_everyone()
-        if self.writer:
+        if owner:
             finalize(tmp, target, meta, limit, pc.fsync)
         self.state.wait_for_everyone()
         if pc.automatic_checkpoint_naming:

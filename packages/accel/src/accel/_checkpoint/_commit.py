@@ -46,7 +46,7 @@ class AsyncSave:
     """The background half of an asynchronous save_state on one process.
 
     Each process runs its staged writes, then leaves its `written_flag` file in the folder;
-    the writing process waits for every one of them (no collective: training goes on in the
+    the process that owns the folder waits for every one of its `ranks` (no collective: training goes on in the
     main thread) and then finalizes. Nothing is marked complete before every file is written,
     so a process killed meanwhile leaves the previous checkpoint the newest complete one.
     """
@@ -55,17 +55,17 @@ class AsyncSave:
 
     def __init__(
         self, jobs: list, tmp: Path, target: Path, meta: dict[str, Any], limit: int | None,
-        *, writer: bool, rank: int, world: int, fsync: bool,
+        *, writer: bool, rank: int, ranks: list[int], fsync: bool,
     ) -> None:  # fmt: skip
         self.target = target
         self.error: BaseException | None = None
-        args = (jobs, tmp, target, meta, limit, writer, rank, world, fsync)
+        args = (jobs, tmp, target, meta, limit, writer, rank, ranks, fsync)
         self.thread = threading.Thread(target=self._run, args=args, name="accel-async-save")
         self.thread.start()
 
     def _run(
         self, jobs: list, tmp: Path, target: Path, meta: dict[str, Any], limit: int | None,
-        writer: bool, rank: int, world: int, fsync: bool,
+        writer: bool, rank: int, ranks: list[int], fsync: bool,
     ) -> None:  # fmt: skip
         try:
             with deferred_fsync(enabled=fsync):
@@ -74,7 +74,7 @@ class AsyncSave:
             if not writer:
                 return
             deadline = time.monotonic() + self.WAIT_FOR_PEERS_S
-            flags = [tmp / written_flag(r) for r in range(world)]
+            flags = [tmp / written_flag(r) for r in ranks]
             while not all(f.exists() for f in flags):
                 if time.monotonic() > deadline:
                     missing = [f.name for f in flags if not f.exists()]
