@@ -308,6 +308,9 @@ def verdicts(single: dict, ddp: dict | None) -> None:
         ok = theirs > 0 and ours <= 0.25 * theirs
         print(f"  tiny, 1 process: accel overhead <= 1/4 of accelerate's: "
               f"{ours:.0f} vs {theirs:.0f} us  {'MET' if ok else 'MISSED'}")  # fmt: skip
+    r = tiny["accel"]["ratio"]
+    print(f"  tiny, 1 process: accel within 1.03x of raw: x{r:.3f}  "
+          f"{'MET' if r <= 1.03 else 'MISSED'}")  # fmt: skip
     med = single["medium"]["accel"]
     ok = med["ratio_q1"] <= 1 <= med["ratio_q3"] or abs(med["ratio"] - 1) <= 0.01
     print(f"  medium, 1 process: accel within noise of raw (ratio quartiles hold 1, or within "
