@@ -20,19 +20,19 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-import accel_state
+from accel import _accelerator_config as _config_of
 from accel._accelerator_state import AcceleratorState
 from accel._checkpoint import Checkpointer
+from accel._collectives_mixin import CollectivesMixin
 from accel._config import ProfileKwargs, ProjectConfiguration, sort_kwargs_handlers
-from accel._data_loader import DataLoaderDispatcher, DataLoaderShard, iteration_observer
-from accel._dynamo import TorchDynamoPlugin, compile_model, resolve_dynamo_plugin
+from accel._dynamo import TorchDynamoPlugin, resolve_dynamo_plugin
 from accel._gradient_state import GradientAccumulationPlugin, GradientState
 from accel._mesh_mixin import MeshMixin
-from accel._quantized import check_quantized_placement
+from accel._prepare_mixin import PrepareMixin, devices_of_dispatched
 from accel._stopping import StoppingMixin
 from accel._tracking_mixin import TrackingMixin
 from accel._wrappers import AcceleratedOptimizer, AcceleratedScheduler
-from accel_data import DataLoaderConfiguration, prepare_data_loader, skip_first_batches
+from accel_data import DataLoaderConfiguration, skip_first_batches
 from accel_parallel import (
     JoinsUnevenInputs,
     ProcessInfo,
@@ -50,22 +50,9 @@ _NULL_CONTEXT = contextlib.nullcontext()
 _DATA_PARALLEL_TYPES = frozenset(t for t in DistributedType if t.name.startswith("MULTI_"))
 
 
-def _from_launch(name: str, code_value: Any, default: Any) -> Any:
-    """The code's value if given (warning when `accel launch` said otherwise), else the launch's."""
-    launched = resolved_launch_config()
-    if code_value is None:
-        return launched.get(name, default)
-    explicit = launched.get("explicit", list(launched))  # what a flag or the file set
-    if name in launched and name in explicit and launched[name] != code_value:
-        warnings.warn(
-            f"The code sets {name}={code_value!r} but `accel launch` was configured with "
-            f"{name}={launched[name]!r}; using the code's value.",
-            stacklevel=3,
-        )
-    return code_value
-
-
-class Accelerator(ProcessControl, TrackingMixin, StoppingMixin, MeshMixin):
+class Accelerator(
+    ProcessControl, PrepareMixin, CollectivesMixin, TrackingMixin, StoppingMixin, MeshMixin
+):
     """Runs an ordinary PyTorch training loop unchanged on one or many processes."""
 
     def __init__(
@@ -107,15 +94,15 @@ class Accelerator(ProcessControl, TrackingMixin, StoppingMixin, MeshMixin):
         )
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
-        self.rng_types = _rng_types(rng_types)
-        self.dataloader_config = _dataloader_config(
+        self.rng_types = _config_of.rng_types(rng_types)
+        self.dataloader_config = _config_of.dataloader_config(
             dataloader_config, split_batches, even_batches, dispatch_batches, use_seedable_sampler
         )
         project = project_config or ProjectConfiguration()  # held by the Checkpointer
         if project_dir is not None:
             project.set_directories(project_dir)
 
-        mode = str(_from_launch("mixed_precision", mixed_precision, "no"))
+        mode = str(_config_of.from_launch("mixed_precision", mixed_precision, "no"))
         launched = resolved_launch_config()
         fp8_kwargs = handlers.get("fp8")
         if fp8_kwargs is None and mode == "fp8" and launched.get("fp8_config"):
@@ -133,7 +120,9 @@ class Accelerator(ProcessControl, TrackingMixin, StoppingMixin, MeshMixin):
             strategy=strategy,
             ddp_kwargs=handlers.get("ddp"),
             fsdp_plugin=fsdp_plugin,
-            deepspeed_plugin=_one_of(deepspeed_plugin, deepspeed_plugins, "deepspeed_plugin"),
+            deepspeed_plugin=_config_of.one_of(
+                deepspeed_plugin, deepspeed_plugins, "deepspeed_plugin"
+            ),
             torch_tp_plugin=torch_tp_plugin,
             megatron_lm_plugin=megatron_lm_plugin,
             parallelism_config=parallelism_config,
@@ -159,7 +148,9 @@ class Accelerator(ProcessControl, TrackingMixin, StoppingMixin, MeshMixin):
         if gradient_accumulation_steps is None and gradient_accumulation_plugin is None:
             gradient_accumulation_steps = self.strategy.default_accumulation_steps()
         self.gradient_state = GradientState(
-            _accumulation_plugin(gradient_accumulation_plugin, gradient_accumulation_steps)
+            _config_of.accumulation_plugin(
+                gradient_accumulation_plugin, gradient_accumulation_steps
+            )
         )
         self.profile_handler: ProfileKwargs | None = handlers.get("profile")
         # The familiar handler attributes: what kwargs_handlers gave for each kind (or None).
@@ -244,189 +235,6 @@ class Accelerator(ProcessControl, TrackingMixin, StoppingMixin, MeshMixin):
     @property
     def optimizer_step_was_skipped(self) -> bool:
         return any(opt.step_was_skipped for opt in self._optimizers)
-
-    # -- prepare ------------------------------------------------------------------------------
-    def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
-        """Prepare models, optimizers, schedulers and dataloaders, in any order and number.
-
-        Returns them in the same order (a single object when one was passed). Objects of
-        other types are returned untouched.
-        """
-        placement = device_placement or [self.device_placement] * len(args)
-        if len(placement) != len(args):
-            raise ValueError(
-                f"device_placement has {len(placement)} entries for {len(args)} objects."
-            )
-        result = list(args)
-        models = [i for i, a in enumerate(args) if isinstance(a, nn.Module)]
-        optims = [i for i, a in enumerate(args) if isinstance(a, torch.optim.Optimizer)]
-        raw_optims = [getattr(args[i], "optimizer", args[i]) for i in optims]
-        steps = self.strategy.accumulation_steps(self.gradient_accumulation_steps)
-        if steps != self.gradient_accumulation_steps:  # an engine config fixes its own
-            self.gradient_accumulation_steps = steps
-        self.strategy.begin_prepare(
-            args,
-            gradient_accumulation_steps=self.gradient_accumulation_steps,
-            split_batches=self.split_batches,
-            sync_gradients=lambda: self.gradient_state.sync_gradients,
-        )
-        prepared = self._prepare_models(
-            [args[i] for i in models], raw_optims, [placement[i] for i in models]
-        )
-        for i, model in zip(models, prepared):
-            result[i] = model
-        for i in optims:
-            swap = self._replaced_optimizers.get(id(getattr(args[i], "optimizer", args[i])))
-            result[i] = self._prepare_optimizer(args[i] if swap is None else swap[1])
-        for i, obj in enumerate(args):
-            if _is_scheduler(obj):
-                result[i] = self._prepare_scheduler(obj)
-            elif isinstance(obj, torch.utils.data.DataLoader):
-                result[i] = self._prepare_dataloader(obj, placement[i])
-        _mark_prepared(
-            result, (self._models, self._optimizers, self._schedulers, self._dataloaders)
-        )
-        return result[0] if len(result) == 1 else tuple(result)
-
-    def prepare_model(
-        self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
-    ) -> nn.Module:
-        placement = self.device_placement if device_placement is None else device_placement
-        check_quantized_placement(model, self.device, self.num_processes > 1)
-        if evaluation_mode:
-            model = self.precision.wrap_forward(self.precision.convert_module(model))
-            model = model.to(self.device) if placement else model
-            return compile_model(model, self.dynamo_plugin, model)
-        return self._prepare_models([model], [], [placement])[0]
-
-    def _prepare_models(
-        self, models: list[nn.Module], optimizers: list[Any], placements: list[bool]
-    ) -> list[nn.Module]:
-        """Convert each new model for the precision, then hand the models of this call with
-        their optimizers to the strategy, which wraps or shards them (and may re-point the
-        optimizers at new parameters); compile last when asked."""
-        out = list(models)
-        todo, kept, known = [], [], set()
-        for i, model in enumerate(models):
-            if any(model is m or self.unwrap_model(m) is model for m in self._models):
-                known.add(i)  # prepared before: returned as it is
-                continue
-            check_quantized_placement(model, self.device, self.num_processes > 1)
-            spread = _devices_of_dispatched(model)
-            if spread and (self.num_processes > 1 or self.strategy.sharded):
-                raise ValueError(
-                    f"This model was dispatched over several devices ({spread}); strategy "
-                    f"{self.strategy.name!r} on {self.num_processes} process(es) needs each "
-                    "process to hold a whole copy or a shard. Load it on one device per process "
-                    "(device_map={'': accelerator.local_process_index}) or shard it with FSDP."
-                )
-            model = self.precision.convert_module(model, *optimizers)
-            out[i] = self.precision.wrap_forward(model)
-            if spread:
-                continue  # one process: it keeps its placement (naive model parallelism)
-            if placements[i] or self.strategy.sharded:
-                todo.append(i)
-            elif self.num_processes > 1:
-                kept.append(i)  # wrapped for DDP where it is (device_placement=False)
-        if todo:
-            wrapped, new = self.strategy.prepare([out[i] for i in todo], optimizers)
-            self._note_replaced(optimizers, new)
-            for i, model in zip(todo, wrapped):
-                out[i] = model
-        if kept:
-            with self.strategy.keeping_placement():
-                wrapped, new = self.strategy.prepare([out[i] for i in kept], optimizers)
-            self._note_replaced(optimizers, new)
-            for i, model in zip(kept, wrapped):
-                out[i] = model
-        for i, model in enumerate(out):
-            if i in known:
-                continue
-            out[i] = compile_model(model, self.dynamo_plugin, self.strategy.unwrap_model(model))
-            self._models.append(out[i])
-        return out
-
-    def _prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
-        if isinstance(optimizer, AcceleratedOptimizer):
-            return optimizer
-        wrapped = AcceleratedOptimizer(
-            optimizer, self.precision, self.gradient_state, self.strategy
-        )
-        self._optimizers.append(wrapped)
-        return wrapped
-
-    def prepare_optimizer(
-        self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
-    ) -> AcceleratedOptimizer:
-        return self._prepare_optimizer(optimizer)
-
-    def _note_replaced(self, optimizers: list[Any], new: list[Any]) -> None:
-        """Remember the optimizers a strategy replaced (an engine's own optimizer), so that
-        prepare returns the replacement and schedulers made for the original follow it."""
-        for old, replacement in zip(optimizers, new):
-            if replacement is not old:
-                self._replaced_optimizers[id(old)] = (old, replacement)
-
-    def _prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
-        swap = self._replaced_optimizers.get(id(getattr(scheduler, "optimizer", None)))
-        if swap is not None:
-            scheduler.optimizer = swap[1]
-        inner = getattr(scheduler, "optimizer", None)
-        optimizers = [o for o in self._optimizers if o.optimizer is inner or o is inner]
-        if inner is not None and not optimizers:
-            raise ValueError(
-                "prepare() got a scheduler whose optimizer was not prepared; pass the optimizer "
-                "to prepare() too (before or together with its scheduler)."
-            )
-        if isinstance(inner, AcceleratedOptimizer):
-            scheduler.optimizer = inner.optimizer
-        owned = self.strategy.engine_scheduler(scheduler)  # the engine steps it itself
-        wrapped = AcceleratedScheduler(
-            scheduler if owned is None else owned,
-            optimizers,
-            self.gradient_state,
-            stepped_by_engine=owned is not None,
-            step_with_optimizer=self.step_scheduler_with_optimizer,
-            split_batches=self.split_batches,
-            num_processes=self.strategy.data_parallel_size,  # one step per data-parallel replica
-        )
-        self._schedulers.append(wrapped)
-        return wrapped
-
-    def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
-        return self._prepare_scheduler(scheduler)
-
-    def _prepare_dataloader(self, dataloader: Any, placement: bool) -> Any:
-        # Processes of one tensor/context-parallel group read the same batches.
-        if self.dispatch_batches and self.strategy.data_parallel_size != self.num_processes:
-            raise ValueError(
-                f"dispatch_batches=True sends one batch slice to each of the {self.num_processes} "
-                f"processes, but this device mesh has {self.strategy.data_parallel_size} "
-                f"data-parallel ranks; use dispatch_batches=False (each data-parallel rank reads "
-                f"its own batches)."
-            )
-        prepared = prepare_data_loader(
-            dataloader,
-            num_processes=self.strategy.data_parallel_size,
-            process_index=self.strategy.data_parallel_rank,
-            device=self.device,
-            put_on_device=placement,
-            iteration_observer=self._iteration_observer(),
-            shard_class=DataLoaderShard,
-            dispatcher_class=DataLoaderDispatcher,
-            **self.dataloader_config.prepare_kwargs(),
-        )
-        prepared.gradient_state = self.gradient_state
-        self._dataloaders.append(prepared)
-        return prepared
-
-    def prepare_data_loader(self, data_loader: Any, device_placement: bool | None = None) -> Any:
-        placement = self.device_placement if device_placement is None else device_placement
-        return self._prepare_dataloader(data_loader, placement)
-
-    def _iteration_observer(self) -> Any:
-        """What a prepared loader tells when an iteration starts and ends (see _data_loader)."""
-        return iteration_observer(self.gradient_state, self.rng_types)
 
     # -- the step -----------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
@@ -537,76 +345,10 @@ class Accelerator(ProcessControl, TrackingMixin, StoppingMixin, MeshMixin):
             return self.precision.autocast()
         return _autocast_with(self.precision, autocast_handler)
 
-    # -- collectives ----------------------------------------------------------------------------
-    def gather(self, tensor: Any) -> Any:
-        return accel_state.gather(tensor)
-
-    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
-        """Gather across processes and drop the duplicates that padded the final batch."""
-        all_tensors = _only_tensors(input_data)
-        group = self._data_parallel_group()  # each data-parallel replica's samples once
-        if group is False:
-            data = input_data
-            if use_gather_object or not all_tensors:
-                data = list(data) if isinstance(data, (list, tuple)) else [data]
-        elif use_gather_object or not all_tensors:
-            data = accel_state.gather_object(input_data, group=group)
-        else:
-            data = accel_state.gather(input_data, group=group)
-        if not self.gradient_state.end_of_dataloader:
-            return data
-        remainder = self.gradient_state.remainder
-        if remainder < 0:
-            warnings.warn(
-                "gather_for_metrics: the dataloader's length is unknown, so the padded samples "
-                "of the last batch cannot be dropped; drop them yourself.",
-                stacklevel=2,
-            )
-            return data
-        if remainder == 0:
-            return data
-        if isinstance(data, list):
-            return data[:remainder]
-        return accel_state.recursively_apply(lambda t: t[:remainder], data)
-
-    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        """Sum or average over the data-parallel replicas (every process without a mesh)."""
-        group = self._data_parallel_group()
-        if group is False:
-            return accel_state.reduce(tensor, "none", scale)
-        return accel_state.reduce(tensor, reduction, scale, group=group)
-
-    def _data_parallel_group(self) -> Any:
-        """The group whose processes hold different samples: None for every process, False
-        when this process is its only member (tensor/context parallel alone)."""
-        if self.strategy.data_parallel_size == 1 and self.num_processes > 1:
-            return False
-        return self.strategy.data_parallel_group()
-
-    def pad_across_processes(
-        self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
-    ) -> Any:
-        return accel_state.pad_across_processes(tensor, dim, pad_index, pad_first)
-
-    def set_trigger(self) -> None:
-        """Raise a flag on this process; `check_trigger` sees it on every process."""
-        self._trigger = True
-
-    def check_trigger(self) -> bool:
-        """True on every process if any process called `set_trigger` (then the flag resets)."""
-        flag = torch.tensor([1.0 if self._trigger else 0.0], device=self._collective_device())
-        if accel_state.reduce(flag, "sum").item() > 0:
-            self._trigger = False
-            return True
-        return False
-
-    def _collective_device(self) -> torch.device:
-        return torch.device("cpu") if self.state.backend in (None, "gloo") else self.device
-
     # -- models -------------------------------------------------------------------------------
     def verify_device_map(self, model: nn.Module) -> bool:
         """True when `model` was dispatched over several devices (its `hf_device_map`)."""
-        return bool(_devices_of_dispatched(model))
+        return bool(devices_of_dispatched(model))
 
     def unwrap_model(
         self, model: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
@@ -765,118 +507,8 @@ def _autocast_with(precision: Any, handler: Any) -> Iterator[Any]:
         precision.autocast_kwargs = saved
 
 
-_RNG_TYPES = ("generator", "torch", "cuda", "python", "numpy")
-
-
-def _rng_types(rng_types: Any) -> list[str]:
-    """The generators to synchronize from the main process at each epoch start.
-
-    "generator" (the default) is met by the prepared loaders themselves: process 0's sampler
-    generator is sent to the others at each epoch start (a seedable sampler needs nothing:
-    its order is a function of (seed, epoch)). "torch", "cuda", "python" and
-    "numpy" broadcast the main process's global state of that generator when an epoch
-    starts (not when a resumed epoch continues, so a resume stays exact)."""
-    if rng_types is None:
-        return ["generator"]
-    names = [str(getattr(t, "value", t)).lower() for t in rng_types]
-    bad = [n for n in names if n not in _RNG_TYPES]
-    if bad:
-        why = " (TPU/XLA is not provided by accel)" if "xla" in bad else ""
-        raise ValueError(f"rng_types {bad} not supported{why}; accepted: {list(_RNG_TYPES)}.")
-    return names
-
-
-def _devices_of_dispatched(model: nn.Module) -> list[str]:
-    """The devices of a model dispatched over several (its `hf_device_map`), else []."""
-    for module in model.modules():
-        device_map = getattr(module, "hf_device_map", None)
-        if isinstance(device_map, dict):
-            devices = sorted({str(d) for d in device_map.values()})
-            return devices if len(devices) > 1 else []
-    return []
-
-
-def _is_scheduler(obj: Any) -> bool:
-    return isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (
-        hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "get_last_lr")
-    )
-
-
-def _only_tensors(data: Any) -> bool:
-    found = {"other": False}
-
-    def visit(obj: Any) -> None:
-        if isinstance(obj, torch.Tensor):
-            return
-        if isinstance(obj, (list, tuple)):
-            for o in obj:
-                visit(o)
-        elif isinstance(obj, dict):
-            for o in obj.values():
-                visit(o)
-        else:
-            found["other"] = True
-
-    visit(data)
-    return not found["other"]
-
-
 def _empty_cache(device: torch.device) -> None:
     if device.type != "cpu":
         module = torch.get_device_module(device.type)
         if hasattr(module, "empty_cache"):
             module.empty_cache()
-
-
-def _dataloader_config(
-    config: DataLoaderConfiguration | None,
-    split_batches: bool | None,
-    even_batches: bool | None,
-    dispatch_batches: bool | None,
-    use_seedable_sampler: bool | None,
-) -> DataLoaderConfiguration:
-    config = config or DataLoaderConfiguration()
-    overrides = {
-        k: v
-        for k, v in {
-            "split_batches": split_batches,
-            "even_batches": even_batches,
-            "dispatch_batches": dispatch_batches,
-            "use_seedable_sampler": use_seedable_sampler,
-        }.items()
-        if v is not None
-    }
-    return dataclasses.replace(config, **overrides) if overrides else config
-
-
-def _one_of(plugin: Any, plugins: Any, name: str) -> Any:
-    """`deepspeed_plugin` and `deepspeed_plugins` are one argument under two names."""
-    if plugin is not None and plugins is not None:
-        raise ValueError(f"pass {name} or {name}s, not both (they are the same argument).")
-    return plugin if plugins is None else plugins
-
-
-def _accumulation_plugin(
-    plugin: GradientAccumulationPlugin | None, steps: int | None
-) -> GradientAccumulationPlugin:
-    if plugin is not None:
-        if steps not in (None, 1, plugin.num_steps):
-            raise ValueError(
-                f"gradient_accumulation_steps={steps} and gradient_accumulation_plugin="
-                f"{plugin!r} disagree; pass only the plugin."
-            )
-        return plugin
-    steps = _from_launch("gradient_accumulation_steps", steps, 1)
-    return GradientAccumulationPlugin(num_steps=int(steps))
-
-
-def _mark_prepared(objects: list[Any], kept: tuple[list[Any], ...]) -> None:
-    """`_is_accelerate_prepared = True` on what prepare returned and now tracks (the flag
-    libraries read to skip preparing twice); other objects pass through unmarked."""
-    tracked = {id(o) for group in kept for o in group}
-    for obj in objects:
-        if id(obj) in tracked:
-            try:
-                obj._is_accelerate_prepared = True
-            except AttributeError:  # an object that takes no attributes stays unmarked
-                pass
