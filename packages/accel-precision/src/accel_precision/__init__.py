@@ -19,6 +19,9 @@ from accel_precision._fp8_ao import (
     ao_float8_filter,
     convert_model_to_fp8_ao,
     convert_to_ao_float8,
+    filter_first_and_last_linear_layers,
+    filter_linear_layers,
+    find_first_last_linear_layers,
     has_ao_float8_layers,
 )
 from accel_precision._fp8_te import (
@@ -67,6 +70,9 @@ __all__ = [
     "convert_outputs_to_fp32",
     "convert_to_ao_float8",
     "convert_to_te",
+    "filter_first_and_last_linear_layers",
+    "filter_linear_layers",
+    "find_first_last_linear_layers",
     "has_ao_float8_layers",
     "has_te_layers",
     "has_wrapped_forward",

@@ -36,6 +36,30 @@ def _linear_names(model: torch.nn.Module) -> list[str]:
     return [name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
 
 
+def find_first_last_linear_layers(model: torch.nn.Module) -> tuple[str | None, str | None]:
+    """The qualified names of the first and last `nn.Linear` of `model`, in registration order
+    (None, None when it has none): what `skip_first_last` keeps in high precision."""
+    names = _linear_names(model)
+    return (names[0], names[-1]) if names else (None, None)
+
+
+def filter_linear_layers(module: torch.nn.Module, fqn: str, layers_to_filter: list[str]) -> bool:
+    """Whether torchao may convert `module` (named `fqn`) to fp8: not a `nn.Linear` whose
+    in/out features are not both divisible by 16, and not one of `layers_to_filter`
+    (accelerate's `accelerate.utils.ao` function)."""
+    if isinstance(module, torch.nn.Linear) and (
+        module.in_features % 16 or module.out_features % 16
+    ):
+        return False
+    return fqn not in layers_to_filter
+
+
+def filter_first_and_last_linear_layers(module: torch.nn.Module, fqn: str) -> bool:
+    """`filter_linear_layers` that keeps the first and last linear layers of `module` out."""
+    first, last = find_first_last_linear_layers(module)
+    return filter_linear_layers(module, fqn, [n for n in (first, last) if n is not None])
+
+
 def ao_float8_filter(
     model: torch.nn.Module, kwargs: AORecipeKwargs | None = None
 ) -> Callable[[torch.nn.Module, str], bool]:
@@ -49,8 +73,8 @@ def ao_float8_filter(
     (accel's) must agree as well when one is given.
     """
     kw = kwargs or AORecipeKwargs()
-    names = _linear_names(model)
-    edges = {names[0], names[-1]} if kw.skip_first_last and names else set()
+    first, last = find_first_last_linear_layers(model)
+    edges = {first, last} - {None} if kw.skip_first_last else set()
 
     def rules(module: torch.nn.Linear, fqn: str) -> bool:
         if fqn in edges:

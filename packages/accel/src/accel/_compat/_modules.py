@@ -22,27 +22,6 @@ def get_module_class_from_name(module: nn.Module, name: str) -> type[nn.Module] 
     return None
 
 
-def find_first_last_linear_layers(model: nn.Module) -> tuple[str | None, str | None]:
-    """The qualified names of the first and last `nn.Linear` of `model`, in registration order
-    (None, None when it has none). fp8 keeps these two in high precision for stability."""
-    names = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
-    return (names[0], names[-1]) if names else (None, None)
-
-
-def filter_linear_layers(module: nn.Module, fqn: str, layers_to_filter: list[str]) -> bool:
-    """Whether torchao may convert `module` (named `fqn`) to fp8: not a `nn.Linear` whose
-    in/out features are not both divisible by 16, and not one of `layers_to_filter`."""
-    if isinstance(module, nn.Linear) and (module.in_features % 16 or module.out_features % 16):
-        return False
-    return fqn not in layers_to_filter
-
-
-def filter_first_and_last_linear_layers(module: nn.Module, fqn: str) -> bool:
-    """`filter_linear_layers` that keeps the first and last linear layers of `module` out."""
-    first, last = find_first_last_linear_layers(module)
-    return filter_linear_layers(module, fqn, [n for n in (first, last) if n is not None])
-
-
 def get_parameters_from_modules(
     modules: Iterable[nn.Module] | str | None, model: nn.Module, device: Any
 ) -> set[nn.Parameter]:

@@ -156,7 +156,6 @@ from accel._compat._left_out import (
     prepare_tpu,
 )
 from accel._compat._misc import write_basic_config
-from accel._compat._modules import filter_first_and_last_linear_layers
 from accel._compat._operations import (
     TensorInformation,
     convert_outputs_to_fp32,
@@ -262,6 +261,7 @@ from accel_precision import (
     GradScalerKwargs,
     TERecipeKwargs,
     convert_model_to_fp8_ao,
+    filter_first_and_last_linear_layers,
 )
 from accel_precision import has_ao_float8_layers as has_ao_layers
 from accel_precision import has_te_layers as has_transformer_engine_layers
