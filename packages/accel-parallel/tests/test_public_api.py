@@ -52,6 +52,7 @@ EXPECTED = [
     "save_object",
     "staged_writes",
     "staging",
+    "unwrap_parallel",
 ]
 
 

@@ -55,7 +55,13 @@ from accel_parallel._registry import (
     resolve_strategy,
 )
 from accel_parallel._single import SingleDeviceStrategy
-from accel_parallel._strategy import JoinsUnevenInputs, ProcessInfo, Strategy, no_sync_all
+from accel_parallel._strategy import (
+    JoinsUnevenInputs,
+    ProcessInfo,
+    Strategy,
+    no_sync_all,
+    unwrap_parallel,
+)
 from accel_parallel._tp import ReplicateParallel, apply_tensor_parallel
 from accel_parallel.checkpoint import merge_fsdp_weights
 
@@ -113,4 +119,5 @@ __all__ = [
     "save_object",
     "staged_writes",
     "staging",
+    "unwrap_parallel",
 ]

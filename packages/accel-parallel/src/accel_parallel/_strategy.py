@@ -195,14 +195,7 @@ class Strategy:
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         """The user's module under any wrapper this strategy added (or torch.compile's)."""
-        inner = model
-        while True:
-            if hasattr(inner, "_orig_mod"):  # torch.compile
-                inner = inner._orig_mod
-            elif isinstance(inner, nn.parallel.DistributedDataParallel | nn.DataParallel):
-                inner = inner.module
-            else:
-                return inner
+        return unwrap_parallel(model)
 
     # -- the step --------------------------------------------------------------------------
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
@@ -389,6 +382,18 @@ class Strategy:
 def load_torch_file(path: Path) -> Any:
     """A checkpoint file of tensors and plain values, on the CPU."""
     return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def unwrap_parallel(model: nn.Module) -> nn.Module:
+    """The user's module under torch.compile's and data-parallel wrappers (DDP, DataParallel)."""
+    inner = model
+    while True:
+        if hasattr(inner, "_orig_mod"):  # torch.compile
+            inner = inner._orig_mod
+        elif isinstance(inner, nn.parallel.DistributedDataParallel | nn.DataParallel):
+            inner = inner.module
+        else:
+            return inner
 
 
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")

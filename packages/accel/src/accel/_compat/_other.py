@@ -46,12 +46,11 @@ def extract_model_from_parallel(
     recursive: bool = False,
 ) -> nn.Module:
     """The user's model inside DDP / compile / precision wrappers."""
+    from accel_parallel import unwrap_parallel
     from accel_precision import unwrap_forward
 
     compiled = model if is_compiled_module(model) else None
-    inner = getattr(model, "_orig_mod", model)
-    while isinstance(inner, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
-        inner = inner.module
+    inner = unwrap_parallel(model)  # what the strategies unwrap
     if not keep_fp32_wrapper:
         inner = _restore_original_forward(unwrap_forward(inner))
     if keep_torch_compile and compiled is not None:
