@@ -11,6 +11,12 @@ from accel._accelerator import (
     ProjectConfiguration,
     TorchDynamoPlugin,
 )
+from accel._compat._checkpointing import (
+    load_accelerator_state,
+    load_custom_state,
+    save_accelerator_state,
+    save_custom_state,
+)
 from accel._compat._constants import (
     DTENSOR_PYTORCH_VERSION,
     FSDP2_PYTORCH_VERSION,
@@ -27,19 +33,6 @@ from accel._compat._constants import (
 )
 from accel._compat._environment import (
     parse_choice_from_env,
-)
-from accel._compat._extras import (
-    DynamoBackend,
-    FP8BackendType,
-    KwargsHandler,
-    get_grad_scaler,
-    get_mixed_precision_context_manager,
-)
-from accel._compat._fsdp_files import (
-    load_fsdp_model,
-    load_fsdp_optimizer,
-    save_fsdp_model,
-    save_fsdp_optimizer,
 )
 from accel._compat._imports import (
     is_bf16_available,
@@ -65,14 +58,23 @@ from accel._compat._left_out import (
     fsdp2_switch_optimizer_parameters,
     get_fsdp2_grad_scaler,
 )
-from accel._compat._misc import (
-    load_accelerator_state,
-    load_custom_state,
-    save_accelerator_state,
-    save_custom_state,
-)
 from accel._compat._operations import convert_outputs_to_fp32
-from accel._compat._other import (
+from accel._compat._utils_dataclasses import (
+    DynamoBackend,
+    FP8BackendType,
+    KwargsHandler,
+)
+from accel._compat._utils_fsdp_utils import (
+    load_fsdp_model,
+    load_fsdp_optimizer,
+    save_fsdp_model,
+    save_fsdp_optimizer,
+)
+from accel._compat._utils_modeling import (
+    get_grad_scaler,
+    get_mixed_precision_context_manager,
+)
+from accel._compat._utils_other import (
     check_os_kernel,
     clean_state_dict_for_safetensors,
     compile_regions,

@@ -1,5 +1,8 @@
 """Familiar path `accelerate.big_modeling`: re-exports from the packages that own the code."""
 
+from accel._compat._big_modeling import (  # noqa: F401  (private; accelerate's tests import it)
+    _refuse_recurrent_layers_under_sequence_parallelism,
+)
 from accel._compat._environment import (
     check_cuda_p2p_ib_support,
     parse_flag_from_env,
@@ -7,11 +10,8 @@ from accel._compat._environment import (
 from accel._compat._imports import (
     is_bnb_available,
 )
-from accel._compat._other import (
+from accel._compat._utils_other import (
     recursive_getattr,
-)
-from accel._compat._sequence_parallel import (  # noqa: F401  (private; accelerate's tests import it)
-    _refuse_recurrent_layers_under_sequence_parallelism,
 )
 from accel_bigmodel import (
     SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING,

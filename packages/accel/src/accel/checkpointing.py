@@ -1,5 +1,11 @@
 """Familiar path `accelerate.checkpointing`: re-exports from the packages that own the code."""
 
+from accel._compat._checkpointing import (
+    load_accelerator_state,
+    load_custom_state,
+    save_accelerator_state,
+    save_custom_state,
+)
 from accel._compat._constants import (
     MODEL_NAME,
     OPTIMIZER_NAME,
@@ -14,13 +20,7 @@ from accel._compat._constants import (
 from accel._compat._imports import (
     is_cuda_available,
 )
-from accel._compat._misc import (
-    load_accelerator_state,
-    load_custom_state,
-    save_accelerator_state,
-    save_custom_state,
-)
-from accel._compat._other import (
+from accel._compat._utils_other import (
     get_pretty_name,
     load,
     save,

@@ -3,7 +3,7 @@
 from accel._compat._operations import (
     find_device,
 )
-from accel._compat._other import (
+from accel._compat._utils_other import (
     recursive_getattr,
 )
 from accel._memory import (

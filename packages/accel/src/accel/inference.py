@@ -8,7 +8,7 @@ from accel._compat._operations import (
     ignorant_find_batch_size,
     pad_input_tensors,
 )
-from accel._compat._other import (
+from accel._compat._utils_other import (
     convert_bytes,
 )
 from accel._pippy import (

@@ -3,6 +3,7 @@
 from accel._accelerator import (
     AcceleratorState,
 )
+from accel._compat._commands import test_launch
 from accel._compat._constants import ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION
 from accel._compat._environment import (
     are_libraries_initialized,
@@ -18,7 +19,6 @@ from accel._compat._imports import (
 from accel._compat._left_out import (
     PrepareForLaunch,
 )
-from accel._compat._misc import test_launch
 from accel._compat._versions import (
     is_torch_version,
 )

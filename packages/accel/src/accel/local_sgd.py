@@ -3,7 +3,7 @@
 from accel._accelerator import (
     Accelerator,
 )
-from accel._compat._misc import LocalSGD
+from accel._compat._local_sgd import LocalSGD
 from accel_state import (
     DistributedType,
 )

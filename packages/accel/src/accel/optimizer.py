@@ -8,7 +8,10 @@ from accel._accelerator import (
 from accel._compat._imports import (
     is_lomo_available,
 )
-from accel._compat._misc import move_to_device, patch_optimizer_step
+from accel._compat._optimizer import (
+    move_to_device,
+    patch_optimizer_step,
+)
 from accel_state import (
     DistributedType,
     honor_type,

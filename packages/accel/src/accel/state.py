@@ -12,9 +12,6 @@ from accel._compat._environment import (
     parse_choice_from_env,
     parse_flag_from_env,
 )
-from accel._compat._extras import (
-    DynamoBackend,
-)
 from accel._compat._imports import (
     deepspeed_required,
     is_datasets_available,
@@ -27,7 +24,14 @@ from accel._compat._imports import (
 from accel._compat._left_out import (
     SageMakerDistributedType,
 )
-from accel._compat._misc import ThreadLocalSharedDict, do_nothing, is_initialized
+from accel._compat._state import (
+    ThreadLocalSharedDict,
+    do_nothing,
+    is_initialized,
+)
+from accel._compat._utils_dataclasses import (
+    DynamoBackend,
+)
 from accel_state import DistributedType, PartialState
 
 __all__ = [

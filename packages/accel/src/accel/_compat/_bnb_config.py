@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from accel._compat._extras import CustomDtype
+from accel._compat._utils_dataclasses import CustomDtype
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _QUANT_TYPES = ("fp4", "nf4")

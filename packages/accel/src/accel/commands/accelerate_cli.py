@@ -1,6 +1,6 @@
 """Familiar path `accelerate.commands.accelerate_cli`: re-exports from the packages that own the code."""
 
-from accel._compat._misc import cli_main
+from accel._compat._commands import cli_main
 from accel.commands.env import (
     env_command_parser,
 )

@@ -5,10 +5,13 @@ import os
 from shutil import which
 from typing import Any
 
+from accel._compat._commands import (
+    cli_main,
+    cli_parser,
+)
 from accel._compat._imports import (
     is_mps_available,
 )
-from accel._compat._misc import cli_main, cli_parser
 from accel_cli.familiar import load_config_from_file
 
 env_command_parser = cli_parser("env")

@@ -1,11 +1,15 @@
 """Familiar path `accelerate.commands.estimate`: re-exports from the packages that own the code."""
 
+from accel._compat._commands import (
+    cli_command,
+    cli_main,
+    cli_parser,
+)
 from accel._compat._imports import (
     is_timm_available,
     is_transformers_available,
 )
-from accel._compat._misc import cli_command, cli_main, cli_parser
-from accel._compat._other import (
+from accel._compat._utils_other import (
     convert_bytes,
 )
 from accel_bigmodel import (

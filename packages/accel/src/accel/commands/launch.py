@@ -1,5 +1,6 @@
 """Familiar path `accelerate.commands.launch`: re-exports from the packages that own the code."""
 
+from accel._compat._commands import cli_main
 from accel._compat._environment import (
     check_cuda_p2p_ib_support,
     convert_dict_to_env_variables,
@@ -22,7 +23,6 @@ from accel._compat._left_out import (
     tpu_launcher,
     tpu_pod_launcher,
 )
-from accel._compat._misc import cli_main
 from accel_cli.familiar import (
     DEEPSPEED_MULTINODE_LAUNCHERS,
     DYNAMO_BACKENDS,

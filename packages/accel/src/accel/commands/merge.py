@@ -1,6 +1,10 @@
 """Familiar path `accelerate.commands.merge`: re-exports from the packages that own the code."""
 
-from accel._compat._misc import cli_command, cli_main, cli_parser
+from accel._compat._commands import (
+    cli_command,
+    cli_main,
+    cli_parser,
+)
 from accel_cli.familiar import CustomArgumentParser
 from accel_parallel import (
     merge_fsdp_weights,

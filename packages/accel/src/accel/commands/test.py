@@ -1,6 +1,10 @@
 """Familiar path `accelerate.commands.test`: re-exports from the packages that own the code."""
 
-from accel._compat._misc import cli_command, cli_main, cli_parser
+from accel._compat._commands import (
+    cli_command,
+    cli_main,
+    cli_parser,
+)
 from accel_cli.familiar import execute_subprocess_async, path_in_accelerate_package
 
 main = cli_main("test")

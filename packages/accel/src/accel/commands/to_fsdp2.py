@@ -2,7 +2,7 @@
 
 import argparse
 
-from accel._compat._misc import cli_parser
+from accel._compat._commands import cli_parser
 from accel_cli.familiar import (
     ARGUMENT_KEY_MAPPING,
     ARGUMENT_VALUE_MAPPING,

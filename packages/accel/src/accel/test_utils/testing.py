@@ -1,6 +1,6 @@
 """Familiar path `accelerate.test_utils.testing`: re-exports from the modules that own the code."""
 
-from accel._compat._testing import (
+from accel._compat._test_utils_testing import (
     DEFAULT_LAUNCH_COMMAND,
     AccelerateTestCase,
     MockingTestCase,

@@ -7,6 +7,7 @@ from accel._accelerator import (
     TorchDynamoPlugin,
 )
 from accel._compat._bnb_config import BnbQuantizationConfig
+from accel._compat._commands import write_basic_config
 from accel._compat._constants import (
     MITA_PROFILING_AVAILABLE_PYTORCH_VERSION,
     MODEL_NAME,
@@ -43,23 +44,6 @@ from accel._compat._environment import (
     purge_accelerate_environment,
     set_numa_affinity,
     str_to_bool,
-)
-from accel._compat._extras import (
-    CustomDtype,
-    DynamoBackend,
-    KwargsHandler,
-    check_tied_parameters_in_config,
-    get_grad_scaler,
-    get_mixed_precision_context_manager,
-    is_peft_model,
-    load_offloaded_weights,
-    tqdm,
-)
-from accel._compat._fsdp_files import (
-    load_fsdp_model,
-    load_fsdp_optimizer,
-    save_fsdp_model,
-    save_fsdp_optimizer,
 )
 from accel._compat._imports import (
     deepspeed_required,
@@ -155,7 +139,6 @@ from accel._compat._left_out import (
     prepare_sagemager_args_inputs,
     prepare_tpu,
 )
-from accel._compat._misc import write_basic_config
 from accel._compat._operations import (
     TensorInformation,
     convert_outputs_to_fp32,
@@ -170,7 +153,25 @@ from accel._compat._operations import (
     pad_input_tensors,
     slice_tensors,
 )
-from accel._compat._other import (
+from accel._compat._utils_dataclasses import (
+    CustomDtype,
+    DynamoBackend,
+    KwargsHandler,
+)
+from accel._compat._utils_fsdp_utils import (
+    load_fsdp_model,
+    load_fsdp_optimizer,
+    save_fsdp_model,
+    save_fsdp_optimizer,
+)
+from accel._compat._utils_modeling import (
+    check_tied_parameters_in_config,
+    get_grad_scaler,
+    get_mixed_precision_context_manager,
+    is_peft_model,
+    load_offloaded_weights,
+)
+from accel._compat._utils_other import (
     check_os_kernel,
     clean_state_dict_for_safetensors,
     compile_regions,
@@ -187,6 +188,9 @@ from accel._compat._other import (
     model_has_dtensor,
     recursive_getattr,
     save,
+)
+from accel._compat._utils_tqdm import (
+    tqdm,
 )
 from accel._compat._versions import compare_versions, is_torch_version
 from accel._deepspeed import (

@@ -13,7 +13,7 @@ from accel._compat._left_out import (
     quantize_and_offload_8bit,
     replace_with_bnb_layers,
 )
-from accel._compat._modules import get_parameter_device
+from accel._compat._utils_bnb import get_parameter_device
 from accel_bigmodel import (
     dispatch_model,
     find_tied_parameters,

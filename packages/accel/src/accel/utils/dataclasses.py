@@ -22,14 +22,6 @@ from accel._compat._environment import (
     parse_flag_from_env,
     str_to_bool,
 )
-from accel._compat._extras import (
-    BaseEnum,
-    CustomDtype,
-    DynamoBackend,
-    EnumWithContains,
-    FP8BackendType,
-    KwargsHandler,
-)
 from accel._compat._imports import (
     is_cuda_available,
     is_msamp_available,
@@ -48,8 +40,16 @@ from accel._compat._left_out import (
     parse_llama_config,
     parse_t5_config,
 )
-from accel._compat._modules import get_module_class_from_name
 from accel._compat._operations import TensorInformation
+from accel._compat._utils_dataclasses import (
+    BaseEnum,
+    CustomDtype,
+    DynamoBackend,
+    EnumWithContains,
+    FP8BackendType,
+    KwargsHandler,
+    get_module_class_from_name,
+)
 from accel._compat._versions import (
     compare_versions,
     is_torch_version,

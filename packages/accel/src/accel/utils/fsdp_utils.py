@@ -6,15 +6,6 @@ from accel._compat._constants import (
     SAFE_WEIGHTS_NAME,
     WEIGHTS_NAME,
 )
-from accel._compat._extras import (
-    is_peft_model,
-)
-from accel._compat._fsdp_files import (
-    load_fsdp_model,
-    load_fsdp_optimizer,
-    save_fsdp_model,
-    save_fsdp_optimizer,
-)
 from accel._compat._left_out import (
     disable_fsdp_ram_efficient_loading,
     enable_fsdp_ram_efficient_loading,
@@ -26,12 +17,21 @@ from accel._compat._left_out import (
     fsdp2_switch_optimizer_parameters,
     get_fsdp2_grad_scaler,
 )
-from accel._compat._modules import (
-    fsdp2_prepare_auto_wrap_policy,
+from accel._compat._utils_dataclasses import (
     get_module_class_from_name,
-    get_parameters_from_modules,
 )
-from accel._compat._other import (
+from accel._compat._utils_fsdp_utils import (
+    fsdp2_prepare_auto_wrap_policy,
+    get_parameters_from_modules,
+    load_fsdp_model,
+    load_fsdp_optimizer,
+    save_fsdp_model,
+    save_fsdp_optimizer,
+)
+from accel._compat._utils_modeling import (
+    is_peft_model,
+)
+from accel._compat._utils_other import (
     get_module_children_bottom_up,
     is_compiled_module,
     save,

@@ -8,16 +8,8 @@ from accel._compat._constants import DEEPSPEED_MULTINODE_LAUNCHERS
 from accel._compat._environment import (
     str_to_bool,
 )
-from accel._compat._extras import (
-    DynamoBackend,
-)
 from accel._compat._imports import (
     is_fp8_available,
-)
-from accel._compat._launch_env import (
-    env_var_path_add,
-    prepare_extend_env_parallelism_config,
-    setup_fp8_env,
 )
 from accel._compat._left_out import (
     PrepareForLaunch,
@@ -26,7 +18,15 @@ from accel._compat._left_out import (
     prepare_sagemager_args_inputs,
     prepare_tpu,
 )
-from accel._compat._other import (
+from accel._compat._utils_dataclasses import (
+    DynamoBackend,
+)
+from accel._compat._utils_launch import (
+    env_var_path_add,
+    prepare_extend_env_parallelism_config,
+    setup_fp8_env,
+)
+from accel._compat._utils_other import (
     get_free_port,
     is_port_in_use,
     merge_dicts,

@@ -4,19 +4,23 @@ from accel._accelerator import (
     AcceleratorState,
 )
 from accel._compat._constants import SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
-from accel._compat._extras import (
+from accel._compat._imports import (
+    is_mps_available,
+    is_peft_available,
+    is_tqdm_available,
+)
+from accel._compat._utils_dataclasses import (
     CustomDtype,
+)
+from accel._compat._utils_modeling import (
     check_tied_parameters_in_config,
     get_grad_scaler,
     get_mixed_precision_context_manager,
     is_peft_model,
     load_offloaded_weights,
-    tqdm,
 )
-from accel._compat._imports import (
-    is_mps_available,
-    is_peft_available,
-    is_tqdm_available,
+from accel._compat._utils_tqdm import (
+    tqdm,
 )
 from accel._compat._versions import (
     is_torch_version,

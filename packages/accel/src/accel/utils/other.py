@@ -1,5 +1,8 @@
 """Familiar path `accelerate.utils.other`: re-exports from the packages that own the code."""
 
+from accel._compat._commands import (
+    write_basic_config,
+)
 from accel._compat._constants import FSDP_PYTORCH_VERSION
 from accel._compat._imports import (
     is_deepspeed_available,
@@ -12,10 +15,7 @@ from accel._compat._left_out import (
     compile_regions_fsdp2,
     convert_model,
 )
-from accel._compat._misc import (
-    write_basic_config,
-)
-from accel._compat._other import (
+from accel._compat._utils_other import (
     TORCH_SAFE_GLOBALS,
     check_os_kernel,
     clean_state_dict_for_safetensors,

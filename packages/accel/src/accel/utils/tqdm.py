@@ -1,7 +1,7 @@
 """Familiar path `accelerate.utils.tqdm`: re-exports from the packages that own the code."""
 
-from accel._compat._extras import tqdm
 from accel._compat._imports import is_tqdm_available
+from accel._compat._utils_tqdm import tqdm
 from accel_state import (
     PartialState,
 )

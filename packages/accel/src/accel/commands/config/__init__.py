@@ -1,6 +1,6 @@
 """Familiar path `accelerate.commands.config`: re-exports from the packages that own the code."""
 
-from accel._compat._misc import cli_main
+from accel._compat._commands import cli_main
 from accel.commands.config.config import (
     config_command_parser,
 )

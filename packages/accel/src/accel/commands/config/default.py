@@ -1,6 +1,10 @@
 """Familiar path `accelerate.commands.config.default`: re-exports from the packages that own the code."""
 
-from accel._compat._misc import cli_command, cli_parser, write_basic_config
+from accel._compat._commands import (
+    cli_command,
+    cli_parser,
+    write_basic_config,
+)
 from accel_cli.familiar import ClusterConfig, SubcommandHelpFormatter
 
 default_command_parser = cli_parser("config", "default")

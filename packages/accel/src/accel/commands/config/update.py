@@ -1,6 +1,9 @@
 """Familiar path `accelerate.commands.config.update`: re-exports from the packages that own the code."""
 
-from accel._compat._misc import cli_command, cli_parser
+from accel._compat._commands import (
+    cli_command,
+    cli_parser,
+)
 from accel_cli.familiar import SubcommandHelpFormatter, load_config_from_file, update_config
 
 update_command_parser = cli_parser("config", "update")

@@ -1,4 +1,4 @@
-"""The small environment builders of accelerate's launch helpers: each returns the variables
+"""The small environment builders of accelerate.utils.launch: each returns the variables
 that the worker processes read (fp8 recipe, parallelism degrees, search paths)."""
 
 from __future__ import annotations

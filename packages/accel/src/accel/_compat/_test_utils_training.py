@@ -1,5 +1,5 @@
-"""The regression toy problem accelerate's tests train on: y = a*x + b with noise, and a
-two-parameter model that learns a and b."""
+"""accelerate.test_utils.training: the regression toy problem accelerate's tests train on,
+y = a*x + b with noise, and a two-parameter model that learns a and b."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Checks a model must pass before its sequence is sharded across ranks (Ulysses / context
-parallelism)."""
+"""accelerate.big_modeling's check a model must pass before its sequence is sharded across
+ranks (Ulysses / context parallelism)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Model and object helpers: unwrap a wrapped model, save and load, small formatting."""
+"""accelerate.utils.other's model and object helpers: unwrap a wrapped model, save and load,
+small formatting."""
 
 from __future__ import annotations
 
