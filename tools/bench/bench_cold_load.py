@@ -15,8 +15,13 @@ reported as the median with the min..max spread:
 
   floor            the same files read front to back with 16 MiB reads into one reused buffer
   par-TxM          T threads reading M MiB pieces of the files (os.preadv into one reused buffer
-                   per thread); the best of this small sweep is the parallel floor, which every
-                   case is reported against
+                   per thread)
+  map-TxM          T threads faulting M MiB pieces of a memory map of the files in with
+                   madvise(MADV_POPULATE_READ) (Linux 5.14+): the page cache's pages are mapped,
+                   nothing is copied
+                   Both ways are swept over 2-16 threads x 8-32 MiB (--sweep); the best point of
+                   the sweep, whichever way and shape it is, is the parallel floor that every case
+                   is reported against, and the report names it
   raw              safetensors.load_file per shard + load_state_dict(assign=True)
   accel            load_checkpoint_and_dispatch(device_map="cpu") (reader="auto")
   accel-wait       the same, but the load reads everything before it returns (overlap=False)
@@ -37,7 +42,9 @@ accel-bf16 within 10% of accel-mmap-bf16.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
+import mmap
 import os
 import resource
 import shutil
@@ -48,10 +55,7 @@ import tempfile
 import threading
 import time
 
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_bigmodel import Stack, peak_rss, shape_for, write_checkpoint
 
 _CHUNK = 16 * 2**20
 
@@ -83,29 +87,55 @@ def run_floor(folder: str) -> dict:
     return {"seconds": time.perf_counter() - start, "bytes": total}
 
 
-def run_parallel(folder: str, threads: int, piece: int) -> dict:
-    """`threads` threads read the files in `piece`-byte preadv calls into their own buffers."""
+_WAYS = {"par": "preadv into a buffer", "map": "mmap + MADV_POPULATE_READ"}
+_MADV_POPULATE_READ = 22
+
+
+def run_parallel(folder: str, threads: int, piece: int, way: str = "par") -> dict:
+    """`threads` threads take `piece`-byte pieces of the files, front to back, and either read
+    each with one preadv call into their own reused buffer (way "par") or fault it into a
+    private map of its file (as accel maps shards) with one madvise(MADV_POPULATE_READ) call
+    (way "map")."""
     jobs = [
         (path, offset, min(piece, os.path.getsize(path) - offset))
         for path in shard_files(folder)
         for offset in range(0, os.path.getsize(path), piece)
     ]
+    jobs.reverse()  # popped from the end: front to back
     lock, total = threading.Lock(), [0]
+    madvise = ctypes.CDLL(None, use_errno=True).madvise
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     start = time.perf_counter()
+    bases: dict[str, int] = {}
+    anchors = []  # keep the maps (and their addresses) alive while the threads run
+    if way == "map":  # mapping is part of the cost: timed
+        for path in shard_files(folder):
+            with open(path, "rb") as f:
+                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+            anchors.append(ctypes.c_char.from_buffer(mapped))
+            bases[path] = ctypes.addressof(anchors[-1])
+    failed: list[BaseException] = []
 
     def work() -> None:
         view, fds = memoryview(bytearray(piece)), {}
         try:
             while True:
                 with lock:
-                    if not jobs:
+                    if not jobs or failed:
                         break
-                    path, offset, length = jobs.pop(0)
-                if path not in fds:
-                    fds[path] = os.open(path, os.O_RDONLY)
-                n = os.preadv(fds[path], [view[:length]], offset)
+                    path, offset, length = jobs.pop()
+                if way == "map":
+                    if madvise(bases[path] + offset, length, _MADV_POPULATE_READ):
+                        raise OSError(ctypes.get_errno(), "madvise(MADV_POPULATE_READ) failed")
+                    n = length
+                else:
+                    if path not in fds:
+                        fds[path] = os.open(path, os.O_RDONLY)
+                    n = os.preadv(fds[path], [view[:length]], offset)
                 with lock:
                     total[0] += n
+        except BaseException as e:
+            failed.append(e)
         finally:
             for fd in fds.values():
                 os.close(fd)
@@ -115,7 +145,21 @@ def run_parallel(folder: str, threads: int, piece: int) -> dict:
         worker.start()
     for worker in workers:
         worker.join()
-    return {"seconds": time.perf_counter() - start, "bytes": total[0]}
+    seconds = time.perf_counter() - start
+    if failed:
+        raise failed[0]
+    return {"seconds": seconds, "bytes": total[0]}
+
+
+def is_sweep(case: str) -> bool:
+    return case.split("-")[0] in _WAYS and "x" in case
+
+
+def describe(case: str) -> str:
+    """The case "map-4x16" in words: "mmap + MADV_POPULATE_READ, 4 threads x 16 MiB"."""
+    way, shape = case.split("-")
+    threads, mib = shape.split("x")
+    return f"{_WAYS[way]}, {threads} threads x {mib} MiB"
 
 
 def cpu_seconds() -> float:
@@ -125,13 +169,18 @@ def cpu_seconds() -> float:
 
 def run_case(case: str, folder: str, dim: int, layers: int, cpu_budget: int) -> dict:
     cpu = cpu_seconds()
-    if case == "floor" or case.startswith("par-"):
+    if case == "floor" or is_sweep(case):
         if case == "floor":
             out = run_floor(folder)
         else:
-            threads, mib = case.removeprefix("par-").split("x")
-            out = run_parallel(folder, int(threads), int(mib) * 2**20)
+            way, shape = case.split("-")
+            threads, mib = shape.split("x")
+            out = run_parallel(folder, int(threads), int(mib) * 2**20, way)
         return {**out, "load": out["seconds"], "cpu": cpu_seconds() - cpu}
+    import torch  # here, not at the top: the floors' processes do without it
+    from bench_bigmodel import Stack, peak_rss
+
+    cpu = cpu_seconds()  # what follows the imports, as for the floors
     torch.set_grad_enabled(False)
     dtype = torch.bfloat16 if case.endswith("-bf16") else torch.float32
     case = case.removesuffix("-bf16")
@@ -186,13 +235,19 @@ def run_case(case: str, folder: str, dim: int, layers: int, cpu_budget: int) -> 
     cpu = cpu_seconds() - cpu
     if offload:
         shutil.rmtree(offload, ignore_errors=True)
-    return {"seconds": seconds, "load": loaded, "cpu": cpu, "rss_bytes": peak_rss() - base}
+    out = {"seconds": seconds, "load": loaded, "cpu": cpu, "rss_bytes": peak_rss() - base}
+    if case.startswith("accel"):  # the fault-in shape the load measured (none when warm)
+        from accel_bigmodel._read_shape import chosen_shapes
+
+        out["shapes"] = [f"{t}x{c >> 20}" for t, c in chosen_shapes().values()]
+    return out
 
 
 def available_cases(sweep: str) -> list[str]:
     import importlib.util
 
-    cases = ["floor", *(f"par-{p}" for p in sweep.split(",") if p)]
+    points = [p for p in sweep.split(",") if p]
+    cases = ["floor", *(f"{way}-{p}" for way in _WAYS for p in points)]
     cases += ["raw", "accel", "accel-wait", "accel-read", "accel-mmap", "accel-disk"]
     cases += ["raw-bf16", "accel-bf16", "accel-mmap-bf16"]
     if importlib.util.find_spec("accelerate"):
@@ -206,8 +261,8 @@ def available_cases(sweep: str) -> list[str]:
 def measure(case: str, folder: str, args: argparse.Namespace, cold: bool) -> dict | None:
     if cold:
         evict(folder)
-    cmd = [sys.executable, __file__, "--case", case, "--folder", folder, "--size-gb",
-           str(args.size_gb), "--dim", str(args.dim), "--cpu-fraction", str(args.cpu_fraction)]  # fmt: skip
+    cmd = [sys.executable, __file__, "--case", case, "--folder", folder, "--layers",
+           str(args.layers), "--dim", str(args.dim), "--cpu-fraction", str(args.cpu_fraction)]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if proc.returncode:
@@ -228,28 +283,33 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--modes", default="cold,warm")
     parser.add_argument(
-        "--sweep", default="2x8,4x8,8x8,4x32", help="parallel floor: THREADSxMiB, comma separated"
+        "--sweep",
+        default=",".join(f"{t}x{m}" for t in (2, 4, 8, 16) for m in (8, 16, 32)),
+        help="parallel floor shapes, THREADSxMiB comma separated, each read both ways "
+        "(preadv and mmap + MADV_POPULATE_READ)",
     )
     parser.add_argument("--cases", help="comma-separated subset of the cases (default: all)")
     parser.add_argument("--case", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
+    parser.add_argument("--layers", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    layers = shape_for(args.size_gb, args.dim)
-    size = layers * (8 * args.dim * args.dim + 5 * args.dim) * 4
-    if args.case:
-        print(
-            json.dumps(
-                run_case(args.case, args.folder, args.dim, layers, int(size * args.cpu_fraction))
-            )
-        )
+    if args.case:  # one measured process
+        size = args.layers * (8 * args.dim * args.dim + 5 * args.dim) * 4
+        budget = int(size * args.cpu_fraction)
+        print(json.dumps(run_case(args.case, args.folder, args.dim, args.layers, budget)))
         return
+    from bench_bigmodel import shape_for, write_checkpoint
+
+    args.layers = layers = shape_for(args.size_gb, args.dim)
+    size = layers * (8 * args.dim * args.dim + 5 * args.dim) * 4
     cases = available_cases(args.sweep)
     if args.cases:
-        cases = [c for c in cases if c in args.cases.split(",") or c.startswith("par-")]
+        cases = [c for c in cases if c in args.cases.split(",") or is_sweep(c)]
     folder = tempfile.mkdtemp(dir="/tmp", prefix="bench_cold_load_")
     try:
         write_checkpoint(folder, args.dim, layers, args.shards)
         print(f"checkpoint: {size / 1e9:.2f} GB in {args.shards} shards; cases: {', '.join(cases)}")
+        print(f"load average at the start: {load_average()}")
         for mode in args.modes.split(","):
             results: dict[str, list[dict]] = {c: [] for c in cases}
             for r in range(args.rounds):
@@ -265,20 +325,28 @@ def main() -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def load_average() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def report(mode: str, results: dict[str, list[dict]], size: int) -> None:
     def median(case: str, key: str = "seconds") -> float | None:
         runs = results.get(case) or []
         return statistics.median(r[key] for r in runs) if runs else None
 
-    sweep = {c: median(c) for c in results if c.startswith("par-") and results[c]}
+    sweep = {c: median(c) for c in results if is_sweep(c) and results[c]}
     best = min(sweep, key=lambda c: sweep[c]) if sweep else None
     floor = sweep[best] if best else median("floor")
     raw = median("raw")
     rounds = max(map(len, results.values()))
-    print(
-        f"\n{mode} cache: median (min..max) of {rounds} runs; parallel floor = {best} "
-        f"({floor:.2f} s)"
-    )
+    print(f"\n{mode} cache: median (min..max) of {rounds} runs; load average {load_average()}")
+    if best:
+        print(f"parallel floor = {best} ({describe(best)}): {floor:.2f} s, the best of the sweep")
+        for way, name in _WAYS.items():
+            points = {c: s for c, s in sweep.items() if c.startswith(f"{way}-")}
+            if points:
+                top = min(points, key=lambda c: points[c])
+                print(f"  best {name}: {top} {points[top]:.2f} s ({points[top] / floor:.2f}x)")
     print(
         "| case | first output, s | spread | load returns, s | GB/s | vs parallel floor | "
         "vs raw | CPU s | CPU s/GB | +RSS / model |"
@@ -298,6 +366,10 @@ def report(mode: str, results: dict[str, list[dict]], size: int) -> None:
         print(f"| {case} | {mid:.2f} | {min(seconds):.2f}..{max(seconds):.2f} | "
               f"{median(case, 'load'):.2f} | {size / mid / 1e9:.2f} | {vs_floor} | {vs_raw} | "
               f"{cpu:.2f} | {cpu / (size / 1e9):.2f} | {rss_text} |")  # fmt: skip
+    for case, runs in results.items():
+        shapes = [",".join(r["shapes"]) or "-" for r in runs if "shapes" in r]
+        if any(s != "-" for s in shapes):
+            print(f"fault-in shape chosen by {case}, per run (threads x MiB): {' '.join(shapes)}")
     rules = (("accel", ("accel-read", "accel-mmap")), ("accel-bf16", ("accel-mmap-bf16",)))
     for auto_case, others in rules:
         paths = {c: median(c) for c in others if results.get(c)}

@@ -22,12 +22,13 @@ from torch import nn
 
 from accel_bigmodel import (
     CheckpointReader,
-    _reader,
+    _file_io,
     _sources,
     load_checkpoint_and_dispatch,
     load_checkpoint_in_model,
 )
-from accel_bigmodel._reader import FaultIn, map_file, read_header
+from accel_bigmodel._fault_in import FaultIn, map_file
+from accel_bigmodel._header import read_header
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="maps and page residency are Linux's"
@@ -135,8 +136,8 @@ def test_fault_in_covers_every_tensor_in_runs_within_the_chunk(tmp_path, monkeyp
     mapped = map_file(path)
     items = [(path, mapped, i.offset, i.nbytes) for i in infos]
     chunk = 2 * mmap.PAGESIZE
-    for madvise in (_reader._libc_madvise, lambda: None):  # the kernel's populate; plain reads
-        monkeypatch.setattr(_reader, "_libc_madvise", madvise)
+    for madvise in (_file_io._libc_madvise, lambda: None):  # the kernel's populate; plain reads
+        monkeypatch.setattr(_file_io, "_libc_madvise", madvise)
         _drop_pages(path)
         fault_in = FaultIn(items, threads=1, chunk=chunk)
         fault_in.join()
@@ -241,7 +242,7 @@ def test_a_reading_error_reaches_the_forward(tmp_path, cold, monkeypatch):
 
         return madvise
 
-    monkeypatch.setattr(_reader, "_libc_madvise", broken)
+    monkeypatch.setattr(_file_io, "_libc_madvise", broken)
     with torch.device("meta"):
         model = Chain(depth=2)
     load_checkpoint_in_model(model, path)

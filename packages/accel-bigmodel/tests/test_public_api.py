@@ -58,6 +58,7 @@ EXPECTED = [
     "named_module_tensors",
     "offload_state_dict",
     "offload_weight",
+    "read_safetensors_header",
     "remove_hook_from_module",
     "remove_hook_from_submodules",
     "resolve_device_map",

@@ -18,16 +18,11 @@ from accel_bigmodel import (
     load_checkpoint_in_model,
     load_offload_index,
 )
+from accel_bigmodel._fault_in import is_cached, map_file
+from accel_bigmodel._header import read_header
 from accel_bigmodel._placer import Placer
-from accel_bigmodel._reader import (
-    ReadRequest,
-    ReadStats,
-    is_cached,
-    map_file,
-    read_header,
-    stream_tensors,
-    warm_page_cache,
-)
+from accel_bigmodel._pread import ReadRequest, ReadStats, stream_tensors
+from accel_bigmodel._read_ahead import warm_page_cache
 
 CPU = torch.device("cpu")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 
 import pytest
 
@@ -161,6 +162,20 @@ def test_safetensors_file_and_shards_read_only_headers(tiny, tmp_path, capsys):
     check_figures(rep, true_params)  # counted in elements, whatever the stored dtype
     assert rep["stored"] == {"bytes": 2 * true_params, "dtypes": ["F16"]}
     assert rep["activations"] is not None  # the config.json beside the shards gives the shape
+
+
+def test_safetensors_sources_need_accel_bigmodel_and_say_so(tmp_path, capsys, monkeypatch):
+    """The headers are read by accel-bigmodel's parser, imported only for such a source."""
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(2, 3)}, tmp_path / "model.safetensors")
+    monkeypatch.setitem(sys.modules, "accel_bigmodel", None)  # as if it were not installed
+    assert main(["estimate-memory", str(tmp_path / "model.safetensors")]) == 2
+    assert "needs accel-bigmodel" in capsys.readouterr().err
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG))
+    rep = report(capsys, str(tmp_path / "config.json"))  # the hint's alternative works without
+    assert rep["method"] == "counted from config.json (llama)"
 
 
 def test_factory_builds_on_the_meta_device(tiny, capsys):

@@ -25,6 +25,7 @@ from accel_bigmodel._dispatch import (
     load_checkpoint_and_dispatch,
 )
 from accel_bigmodel._export import load_weights_file, save_sharded_weights, save_weights_file
+from accel_bigmodel._header import read_safetensors_header
 from accel_bigmodel._hook_utils import (
     SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING,
     LayerwiseCastingHook,
@@ -148,6 +149,7 @@ __all__ = [
     "named_module_tensors",
     "offload_state_dict",
     "offload_weight",
+    "read_safetensors_header",
     "remove_hook_from_module",
     "remove_hook_from_submodules",
     "resolve_device_map",

@@ -6,7 +6,7 @@ folder with ``model.safetensors.index.json`` / ``pytorch_model.bin.index.json`` 
 (`_sources`) feeds each tensor to a `Placer`, which puts it where the device map says;
 tensors mapped to "disk" are not read at all when they sit in a safetensors shard in the right
 dtype: the offload index points at them in place, and background threads read them into the
-page cache ahead of the forward (`_reader.warm_page_cache`).
+page cache ahead of the forward (`_read_ahead.warm_page_cache`).
 """
 
 from __future__ import annotations
@@ -22,11 +22,13 @@ import torch
 from torch import nn
 
 from accel_bigmodel._device_map import check_device_map
+from accel_bigmodel._header import reads_natively
 from accel_bigmodel._modeling import retie_parameters
 from accel_bigmodel._offload import save_offload_index
 from accel_bigmodel._placer import Placer
 from accel_bigmodel._progress import Progress
-from accel_bigmodel._reader import CheckpointReader, as_reader, reads_natively, warm_page_cache
+from accel_bigmodel._read_ahead import warm_page_cache
+from accel_bigmodel._reader import CheckpointReader, as_reader
 from accel_bigmodel._sizes import Device, _as_dtype, normalize_device
 from accel_bigmodel._sources import (
     load_accel,

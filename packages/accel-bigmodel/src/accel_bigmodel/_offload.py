@@ -14,27 +14,13 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import struct
 from collections.abc import Iterator, Mapping
 
 import torch
 
-INDEX_NAME = "index.json"
+from accel_bigmodel._header import DTYPES, read_safetensors_header
 
-_ST_DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-    "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E5M2": torch.float8_e5m2,
-}
+INDEX_NAME = "index.json"
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -109,39 +95,23 @@ def offload_state_dict(save_dir: str | os.PathLike, state_dict: Mapping[str, tor
     return index
 
 
-def read_safetensors_header(path: str | os.PathLike) -> tuple[int, dict]:
-    """The byte offset where tensor data starts, and the header of a safetensors file."""
-    try:
-        with open(path, "rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(length))
-    except (struct.error, ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not a valid safetensors file (bad header: {e}).") from None
-    header.pop("__metadata__", None)
-    return 8 + length, header
-
-
 def safetensors_entries(path: str | os.PathLike) -> dict[str, dict]:
-    """Offload-index entries that point at each tensor of a safetensors file in place."""
-    start, header = read_safetensors_header(path)
-    size = os.path.getsize(path)
-    entries = {}
-    for name, info in header.items():
-        begin, end = info["data_offsets"]
-        if start + end > size:
-            raise ValueError(
-                f"{path} is truncated: {name!r} ends at byte {start + end} but the file has "
-                f"{size} bytes. Download or save the checkpoint again."
-            )
-        if info["dtype"] not in _ST_DTYPES:
-            continue
-        entries[name] = {
-            "dtype": dtype_name(_ST_DTYPES[info["dtype"]]),
-            "shape": list(info["shape"]),
-            "file": os.path.abspath(path),
-            "offset": start + begin,
+    """Offload-index entries that point at each tensor of a safetensors file in place.
+
+    Tensors of a dtype torch cannot hold are left out. A bad header or a truncated file raises
+    a `ValueError` naming the file and the byte (`read_safetensors_header`).
+    """
+    file = os.path.abspath(path)
+    return {
+        t.name: {
+            "dtype": dtype_name(DTYPES[t.dtype]),
+            "shape": list(t.shape),
+            "file": file,
+            "offset": t.offset,
         }
-    return entries
+        for t in read_safetensors_header(path)
+        if t.dtype in DTYPES
+    }
 
 
 class MappedFiles:

@@ -2,8 +2,8 @@
 
 - accel: every safetensors shard's header is parsed first. Tensors kept in host memory in their
   stored dtype view a private map of their shard, cold shards faulted in by threads in the
-  model's order (`_reader.FaultIn`); the rest are sorted into the model's order and read
-  concurrently into new tensors (`_reader.stream_tensors`).
+  model's order (`_fault_in.FaultIn`); the rest are sorted into the model's order and read
+  concurrently into new tensors (`_pread.stream_tensors`).
 - mmap: safetensors' ``safe_open``, one tensor at a time (the memory map's page faults).
 - torch: ``.bin`` / ``.pt`` files through ``torch.load(weights_only=True)``.
 - runai / fastsafetensors: the optional streamers, imported when asked for.
@@ -19,21 +19,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from accel_bigmodel._fault_in import FaultIn, is_cached, map_file, mapped_tensor
+from accel_bigmodel._header import TensorInfo, UnsupportedDtype, read_header
 from accel_bigmodel._offload import dtype_name, safetensors_entries
 from accel_bigmodel._placer import Placer, Plan
+from accel_bigmodel._pread import ReadRequest, stream_tensors
 from accel_bigmodel._progress import Progress
-from accel_bigmodel._reader import (
-    CheckpointReader,
-    FaultIn,
-    ReadRequest,
-    TensorInfo,
-    UnsupportedDtype,
-    is_cached,
-    map_file,
-    mapped_tensor,
-    read_header,
-    stream_tensors,
-)
+from accel_bigmodel._reader import CheckpointReader
 
 _INSTALL = {"runai": "runai-model-streamer", "fastsafetensors": "fastsafetensors"}
 
@@ -119,7 +111,7 @@ def load_accel(
     fault_in = None
     if cold:
         items = [(i.path, maps[i.path], i.offset, i.nbytes) for i, _ in cold]
-        fault_in = FaultIn(items, reader.resolved_threads)
+        fault_in = FaultIn(items, reader.threads)  # None: the shape measured here
     work.sort(key=lambda item: item[1].position)
     remaining = Counter(info.path for info, _ in work)
     requests = [
@@ -218,7 +210,10 @@ def _safetensors_items(path: str) -> Iterator[tuple[str, Callable[[], torch.Tens
     from safetensors import safe_open
 
     try:
-        entries = safetensors_entries(path)
+        entries = safetensors_entries(path)  # a bad header: a ValueError naming file and byte
+    except OSError as e:
+        raise corrupt(path, e) from e
+    try:
         handle = safe_open(path, framework="pt", device="cpu")
     except Exception as e:
         raise corrupt(path, e) from e

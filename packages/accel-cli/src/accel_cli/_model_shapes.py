@@ -3,7 +3,8 @@
 Three sources, each giving the parameter names and sizes (`ModelShape`):
 - a folder with a transformers-style `config.json`: the parameters are counted from the
   config's fields for the families below (no transformers, no torch needed);
-- a `.safetensors` file or a folder of shards: only the JSON headers are read;
+- a `.safetensors` file or a folder of shards: only the JSON headers are read, by
+  accel-bigmodel's parser (imported then; an install hint when it is missing);
 - `MODULE:FACTORY` (or `path/to/file.py:FACTORY`): the factory builds the model under torch's
   meta device, so no memory is allocated.
 Parameters are grouped into layers the way big-model loading splits a model: everything under
@@ -18,7 +19,6 @@ import importlib.util
 import json
 import math
 import re
-import struct
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -26,11 +26,6 @@ from typing import Any
 
 from accel_cli._config import ConfigError, ConfigFileNotFound
 
-_SAFETENSORS_BYTES = {
-    "F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
-    "I16": 2, "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1,
-}  # fmt: skip
-_MAX_HEADER = 100 * 2**20
 _FACTORY = re.compile(r"^(?P<module>[^:]+):(?P<name>[A-Za-z_][A-Za-z0-9_.]*)$")
 
 
@@ -260,21 +255,23 @@ def _from_transformers(cfg: Mapping[str, Any], source: str, kind: str) -> ModelS
 # -- safetensors -----------------------------------------------------------------------------
 
 
-def safetensors_header(path: Path) -> dict[str, Any]:
-    """The JSON header of a .safetensors file (the tensors themselves are not read)."""
+def stored_tensors(path: Path) -> list[Any]:
+    """The tensors a .safetensors file's header lists (the tensors themselves are not read).
+
+    accel-bigmodel's parser reads the header, the same one its checkpoint loader uses; it is
+    imported here, when a safetensors source is given, so accel-cli does not depend on it.
+    """
     try:
-        with path.open("rb") as f:
-            raw = f.read(8)
-            if len(raw) < 8:
-                raise ValueError("shorter than 8 bytes")
-            (size,) = struct.unpack("<Q", raw)
-            if size > _MAX_HEADER:
-                raise ValueError(f"header of {size} bytes")
-            header = json.loads(f.read(size))
+        from accel_bigmodel import read_safetensors_header
+    except ImportError:
+        raise ConfigError(
+            f"Reading the safetensors headers of {str(path)!r} needs accel-bigmodel, which is "
+            f"not installed: pip install accel-bigmodel (or pass the model's config.json)."
+        ) from None
+    try:
+        return read_safetensors_header(path)
     except (OSError, ValueError) as err:
         raise ConfigError(f"{str(path)!r} is not a readable safetensors file ({err}).") from None
-    header.pop("__metadata__", None)
-    return header
 
 
 def from_safetensors(files: Iterable[Path], source: str) -> ModelShape:
@@ -282,11 +279,10 @@ def from_safetensors(files: Iterable[Path], source: str) -> ModelShape:
     stored = 0
     dtypes: set[str] = set()
     for path in files:
-        for name, info in safetensors_header(path).items():
-            params[name] = math.prod(info["shape"])
-            begin, end = info["data_offsets"]
-            stored += end - begin
-            dtypes.add(info["dtype"])
+        for tensor in stored_tensors(path):
+            params[tensor.name] = math.prod(tensor.shape)
+            stored += tensor.nbytes
+            dtypes.add(tensor.dtype)
     return ModelShape(
         source,
         "read from safetensors headers",

@@ -1,0 +1,79 @@
+"""Reading disk-offloaded tensors' pages into the page cache ahead of the forward."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import deque
+from collections.abc import Iterable
+
+from accel_bigmodel._fault_in import is_cached, map_file
+from accel_bigmodel._file_io import Files, read_range
+
+WARM_THREADS = 4
+_WARM_READ = 8 * 2**20
+
+
+def warm_page_cache(
+    ranges: Iterable[tuple[str, int, int]], threads: int = WARM_THREADS
+) -> list[threading.Thread]:
+    """Read (path, offset, nbytes) ranges into the page cache ahead of use, from background
+    threads.
+
+    Used for tensors left on disk and memory-mapped at run time: their pages arrive in forward
+    order, read by `threads` threads issuing 8 MiB ``preadv`` calls (the disk's parallel
+    bandwidth, as `FaultIn` reads), while the model starts running, instead of one fault at a
+    time. A single ``posix_fadvise(WILLNEED)`` stream measured 1.4-1.5x the parallel read
+    floor here; 4 reading threads 1.0-1.07x. The reads land in one shared 8 MiB scratch buffer
+    whose contents are never looked at: the page cache is what is kept. Files already in the
+    page cache are skipped (copying them would only take CPU from the forward). It is a hint:
+    it holds no other memory, and errors are ignored. Returns the threads (daemons).
+    """
+    if not hasattr(os, "preadv"):
+        return []
+    ranges = list(ranges)
+    cached = {path: _file_is_cached(path) for path in {path for path, _, _ in ranges}}
+    jobs: deque[tuple[str, int, int]] = deque(
+        (path, start, min(_WARM_READ, offset + nbytes - start))
+        for path, offset, nbytes in ranges
+        if not cached[path]
+        for start in range(offset, offset + nbytes, _WARM_READ)
+    )
+    if not jobs:
+        return []
+    scratch = memoryview(bytearray(_WARM_READ))
+
+    def run() -> None:
+        files = Files()
+        try:
+            while True:
+                try:
+                    path, start, length = jobs.popleft()
+                except IndexError:
+                    return
+                read_range(files.fd(path), start, start + length, scratch)
+        except OSError:
+            pass
+        finally:
+            files.close()
+
+    workers = [
+        threading.Thread(target=run, name="accel-warm", daemon=True)
+        for _ in range(min(threads, len(jobs)))
+    ]
+    for worker in workers:
+        worker.start()
+    return workers
+
+
+def _file_is_cached(path: str) -> bool:
+    try:
+        mapped = map_file(path)
+    except OSError:
+        return True  # nothing to read ahead that could be read
+    if mapped is None:
+        return False
+    try:
+        return is_cached(mapped)
+    finally:
+        mapped.close()
