@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from accel._as_accelerate import ENV_AS_ACCELERATE, REPORTED_VERSION
+from accel_testkit.launch import launch_command, worker_env
 
 ROOT = Path(__file__).resolve().parents[1]
 FLOWS = ROOT / "packages" / "accel" / "tests" / "_client_flows.py"
@@ -24,14 +23,12 @@ ACCEL_DIR = str(Path(importlib.util.find_spec("accel").origin).parent)
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != ENV_AS_ACCELERATE}
-    return {**env, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    return worker_env(drop=[ENV_AS_ACCELERATE], PYTHONWARNINGS="ignore")
 
 
 def _launch(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "accel_cli.main", "launch", "--cpu", "--num_processes", "2"]
     return subprocess.run(
-        [*cmd, *args], capture_output=True, text=True, timeout=timeout, env=_env()
+        launch_command(*args), capture_output=True, text=True, timeout=timeout, env=_env()
     )
 
 

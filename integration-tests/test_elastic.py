@@ -29,6 +29,7 @@ import torch
 from safetensors.torch import load_file
 
 from accel_cli._command import free_port
+from accel_testkit.launch import LAUNCHER_VARS, launch_command, worker_env
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "_elastic_train.py"
@@ -46,18 +47,9 @@ RDZV_CONF = (
 
 def _env(config_home: Path) -> dict[str, str]:
     """The current environment without launcher or accel settings, and no user config file."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("ACCEL_", "SLURM_", "TORCHELASTIC_"))
-        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-    }
+    drop = ["ACCEL_*", "SLURM_*", "TORCHELASTIC_*", *LAUNCHER_VARS]
     # LOGLEVEL: torchrun's agents log their rendezvous rounds (in the logs of a failure).
-    return {**env, "XDG_CONFIG_HOME": str(config_home), "OMP_NUM_THREADS": "1", "LOGLEVEL": "INFO"}
-
-
-def _accel(*args: str) -> list[str]:
-    return [sys.executable, "-m", "accel_cli.main", "launch", "--cpu", *args]
+    return worker_env(drop=drop, XDG_CONFIG_HOME=str(config_home), LOGLEVEL="INFO")
 
 
 def _tree(proc: subprocess.Popen) -> list[psutil.Process]:
@@ -130,9 +122,10 @@ def test_a_node_lost_then_back_resumes_resharded_and_matches_planned_changes(
     def node(name: str, host: str) -> subprocess.Popen:
         # Node A hosts the rendezvous store (is_host), so that it outlives node B.
         conf = f"{RDZV_CONF},is_host={host}"
-        argv = _accel("--nnodes", "1:2", "--nproc_per_node", "1", "--rdzv_backend", "c10d",
-                      "--rdzv_endpoint", f"127.0.0.1:{port}", "--max_restarts", "3",
-                      "--monitor_interval", "0.2", "--rdzv_conf", conf, *script)  # fmt: skip
+        argv = launch_command("--nnodes", "1:2", "--nproc_per_node", "1", "--rdzv_backend",
+                              "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--max_restarts",
+                              "3", "--monitor_interval", "0.2", "--rdzv_conf", conf, *script,
+                              num_processes=None)  # fmt: skip
         return _start(argv, env, logs[name])
 
     procs: list[subprocess.Popen] = []

@@ -7,7 +7,6 @@ losses of the unbroken run exactly; and `python examples/train_lm.py` on one pro
 
 from __future__ import annotations
 
-import os
 import runpy
 import shutil
 import subprocess
@@ -19,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from accel_testkit.launch import LAUNCHER_VARS, launch_command, worker_env
 from accel_tracking import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,23 +28,10 @@ SMALL = ["--max_steps", "40", "--checkpoint_every", "20", "--log_every", "10"]
 TIMEOUT = 300
 
 
-def _accel() -> list[str]:
-    """The `accel` command of this interpreter's environment."""
-    script = Path(sys.executable).with_name("accel")
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "accel_cli.main"]
-
-
 def _env(config_home: Path) -> dict[str, str]:
-    """The current environment without launcher or accel settings, and no user config file."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("ACCEL_")
-        and k not in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}
-    }
-    env["XDG_CONFIG_HOME"] = str(config_home)  # an empty folder: no default_config.yaml
-    env["OMP_NUM_THREADS"] = "1"
-    return env
+    """The current environment without launcher or accel settings, and no user config file
+    (XDG_CONFIG_HOME: an empty folder, no default_config.yaml)."""
+    return worker_env(drop=["ACCEL_*", *LAUNCHER_VARS], XDG_CONFIG_HOME=str(config_home))
 
 
 def _start(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
@@ -54,9 +41,10 @@ def _start(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
 
 
 def _launch(project_dir: Path, env: dict[str, str], *extra: str) -> subprocess.Popen[str]:
-    """`accel launch --num_processes 2 --cpu examples/train_lm.py` with the small settings."""
-    args = ["launch", "--num_processes", "2", "--cpu", str(EXAMPLE), "--project_dir"]
-    return _start([*_accel(), *args, str(project_dir), *SMALL, *extra], env)
+    """`accel launch --cpu --num_processes 2 examples/train_lm.py` (the `accel` command of this
+    interpreter's environment) with the small settings."""
+    args = [EXAMPLE, "--project_dir", project_dir, *SMALL, *extra]
+    return _start(launch_command(*args, entry_point=True), env)
 
 
 def _finish(proc: subprocess.Popen[str]) -> str:

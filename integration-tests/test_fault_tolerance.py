@@ -9,10 +9,8 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,6 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from accel_cli._run import STOPPED_EXIT_CODE
+from accel_testkit.launch import LAUNCHER_VARS, launch_command, worker_env
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "_resumable_train.py"
@@ -29,32 +28,21 @@ TIMEOUT = 300
 
 def _env(config_home: Path) -> dict[str, str]:
     """The current environment without launcher or accel settings, and no user config file."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("ACCEL_", "SLURM_", "TORCHELASTIC_"))
-        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-    }
-    return {**env, "XDG_CONFIG_HOME": str(config_home), "OMP_NUM_THREADS": "1"}
-
-
-def _launch(*extra: str) -> list[str]:
-    return [sys.executable, "-m", "accel_cli.main", "launch", "--cpu", "--num_processes", "2",
-            *extra]  # fmt: skip
+    drop = ["ACCEL_*", "SLURM_*", "TORCHELASTIC_*", *LAUNCHER_VARS]
+    return worker_env(drop=drop, XDG_CONFIG_HOME=str(config_home))
 
 
 def test_a_killed_worker_restarts_resumes_and_matches_an_unbroken_run(tmp_path: Path) -> None:
     env = _env(tmp_path / "xdg")
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     run = subprocess.run(
-        [*_launch(), str(SCRIPT), str(whole)], env=env, capture_output=True, text=True,
+        launch_command(SCRIPT, whole), env=env, capture_output=True, text=True,
         timeout=TIMEOUT,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     # Rank 1 dies after micro-step 7; the newest checkpoint then is the one of step 6.
     run = subprocess.run(
-        [*_launch("--max_restarts", "1"), str(SCRIPT), str(broken), "--die_rank", "1",
-         "--die_at", "7"],
+        launch_command("--max_restarts", "1", SCRIPT, broken, "--die_rank", "1", "--die_at", "7"),
         env=env, capture_output=True, text=True, timeout=TIMEOUT,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
@@ -73,7 +61,7 @@ def test_sigterm_stops_every_worker_at_one_step_with_a_checkpoint(tmp_path: Path
     project = tmp_path / "run"
     project.mkdir()
     proc = subprocess.Popen(
-        [*_launch(), str(SCRIPT), str(project), "--until_stopped"],
+        launch_command(SCRIPT, project, "--until_stopped"),
         env=_env(tmp_path / "xdg"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:

@@ -37,6 +37,7 @@ from safetensors.torch import load_file
 
 from accel_cli._run import STOPPED_EXIT_CODE
 from accel_state.testing import free_port
+from accel_testkit.launch import LAUNCHER_VARS, accel_command, launch_command, worker_env
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -72,13 +73,10 @@ def _answers(env: dict[str, str]) -> bool:
 def slurm_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """The environment jobs are submitted with: this one without launcher or accel
     variables, plus the cluster's SLURM_CONF, one thread per process and no user config."""
-    base = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("ACCEL_", "SLURM_", "TORCHELASTIC_", "PMI_", "OMPI_"))
-        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-    }
-    base.update(OMP_NUM_THREADS="1", XDG_CONFIG_HOME=str(tmp_path_factory.mktemp("xdg")))
+    base = worker_env(
+        drop=["ACCEL_*", "SLURM_*", "TORCHELASTIC_*", "PMI_*", "OMPI_*", *LAUNCHER_VARS],
+        XDG_CONFIG_HOME=str(tmp_path_factory.mktemp("xdg")),
+    )
     started = False
     if not (ENV_FILE.is_file() and _answers({**base, **_read_env_file(ENV_FILE)})):
         missing = [d for d in _DAEMONS if shutil.which(d) is None]
@@ -103,10 +101,6 @@ def slurm_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
 
 def _python(*args: object) -> list[str]:
     return [sys.executable, *(str(a) for a in args)]
-
-
-def _launch(*args: object) -> list[str]:
-    return _python("-m", "accel_cli.main", "launch", *args)
 
 
 def _srun(options: str, argv: list[str]) -> str:
@@ -184,27 +178,28 @@ def runs(slurm_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) ->
     jobs = {
         "one_node": _sbatch(env, out, "one_node", "-N1 --ntasks=2", [
             _record("batch_python", _python(WORKER, "topology", out, "batch_python")),
-            _record("batch_launch", _launch(WORKER, "topology", out, "batch_launch")),
+            _record("batch_launch", accel_command("launch", WORKER, "topology", out,
+                                                  "batch_launch")),
             _record("ddp1", _python(WORKER, "ddp", out / "ddp1")),
             _record("ddp2", _srun("-n2", _python(WORKER, "ddp", out / "ddp2"))),
             _record("srun_n2", _srun("-N1 -n2", _python(WORKER, "topology", out, "srun_n2"))),
         ]),
         "two_nodes": _sbatch(env, out, "two_nodes", "-N2 --ntasks-per-node=1", [
             _record("batch2_python", _python(WORKER, "topology", out, "batch2_python")),
-            _record("batch2_launch", _launch(WORKER, "topology", out, "batch2_launch")),
+            _record("batch2_launch", accel_command("launch", WORKER, "topology", out,
+                                                   "batch2_launch")),
             _record("srun_N2", _srun("-N2 -n2", _python(WORKER, "topology", out, "srun_N2"))),
-            _record("launch_N1", _srun("-N1 -n1", _launch(
-                "--cpu", "--num_processes", 2, WORKER, "topology", out, "launch_N1"))),
-            _record("launch_N2", _srun("-N2 --ntasks-per-node=1", _launch(
-                "--cpu", "--num_processes", 4, "--main_process_port", free_port(), WORKER,
-                "topology", out, "launch_N2"))),
+            _record("launch_N1", _srun("-N1 -n1", launch_command(
+                WORKER, "topology", out, "launch_N1"))),
+            _record("launch_N2", _srun("-N2 --ntasks-per-node=1", launch_command(
+                "--main_process_port", free_port(), WORKER, "topology", out, "launch_N2",
+                num_processes=4))),
         ]),
     }  # fmt: skip
     for sig in ("usr1", "term"):
         project = out / sig
         project.mkdir()
-        train = _launch("--cpu", "--num_processes", 2, WORKER, "train", project,
-                        "--wait_at", WAIT_AT)  # fmt: skip
+        train = launch_command(WORKER, "train", project, "--wait_at", WAIT_AT)
         jobs[sig] = _sbatch(env, out, sig, "-N1 --ntasks=1 --requeue", [
             # The README's recipe, with the launcher's exit code kept for each attempt.
             _srun("", train),
@@ -213,7 +208,7 @@ def runs(slurm_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) ->
         ])  # fmt: skip
     with open(out / "reference.log", "w") as log:
         reference = subprocess.Popen(
-            _launch("--cpu", "--num_processes", 2, WORKER, "train", out / "reference"),
+            launch_command(WORKER, "train", out / "reference"),
             env={k: v for k, v in env.items() if k != "SLURM_CONF"}, stdout=log, stderr=log,
         )  # fmt: skip
     try:
@@ -327,9 +322,8 @@ def test_term_to_every_process_of_a_step_exits_with_the_stopped_code(tmp_path: P
     the launcher, torchrun and the workers at once. torchrun must not turn it into a failure
     when the workers saved and returned."""
     project = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "SLURM_"))}
-    env.update(OMP_NUM_THREADS="1", XDG_CONFIG_HOME=str(tmp_path / "xdg"))
-    argv = _launch("--cpu", "--num_processes", 2, WORKER, "train", project, "--wait_at", WAIT_AT)
+    env = worker_env(drop=["ACCEL_*", "SLURM_*"], XDG_CONFIG_HOME=str(tmp_path / "xdg"))
+    argv = launch_command(WORKER, "train", project, "--wait_at", WAIT_AT)
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:

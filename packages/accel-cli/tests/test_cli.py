@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -14,17 +13,13 @@ import pytest
 import yaml
 
 from accel_cli.main import main
-
-
-def _env(**extra: str) -> dict[str, str]:
-    """The test process's environment (already isolated by conftest) for a child."""
-    return {**os.environ, "OMP_NUM_THREADS": "1", **extra}
+from accel_testkit.launch import accel_command, worker_env
 
 
 def _accel(*argv: str, cwd=None, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "accel_cli.main", *argv],
-        env=_env(),
+        accel_command(*argv),
+        env=worker_env(),  # the test process's environment, already isolated by conftest
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -68,7 +63,7 @@ def test_help_and_config_commands_do_not_import_torch(tmp_path):
         """
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", code], env=worker_env(), capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stderr
     *codes, torch_loaded, state_loaded = out.stdout.split()
@@ -245,9 +240,7 @@ def test_sigterm_is_forwarded_to_the_script(tmp_path):
         "time.sleep(60)\n"
     )
     ready = tmp_path / "flag.txt"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "accel_cli.main", "launch", str(script), str(ready)], env=_env()
-    )
+    proc = subprocess.Popen(accel_command("launch", script, ready), env=worker_env())
     try:
         deadline = time.monotonic() + 30
         while not ready.exists():

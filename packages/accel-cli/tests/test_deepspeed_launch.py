@@ -45,6 +45,7 @@ def test_flags_reach_the_workers(script, capsys):
     }  # fmt: skip
 
 
+@pytest.mark.needs("accel_parallel")
 def test_the_config_file_section_reaches_the_workers(script, tmp_path, capsys):
     cfg = tmp_path / "ds.yaml"
     cfg.write_text(

@@ -9,7 +9,6 @@ import json
 import os
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from accel_cli._command import find_mpirun, mpirun_command, with_rendezvous
 from accel_cli._commands import build_parser
 from accel_cli._resolve import resolve_launch_config
 from accel_cli.main import main
+from accel_testkit.launch import launch_command, worker_env
 
 DATA = Path(__file__).parent / "data" / "accelerate_launch_flags.json"
 
@@ -256,6 +256,7 @@ def test_torchrun_options_are_passed_through(tmp_path, capsys):
     assert cmd[-3:] == ["-m", "pkg.train", "x"]
 
 
+@pytest.mark.needs("accel_precision")
 def test_debug_affinity_dynamo_and_fp8_reach_the_workers(tmp_path, capsys):
     script = tmp_path / "s.py"
     script.write_text("")
@@ -363,17 +364,18 @@ os._exit(0)
 """
 
 
+@pytest.mark.needs("accel")
 def test_real_launch_with_dynamo_tee_log_dir_affinity_and_debug(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     logs = tmp_path / "logs"
-    argv = [
-        "launch", "--cpu", "--num_processes", "2", "--dynamo_backend", "eager", "--tee", "3",
-        "--log_dir", str(logs), "--enable_cpu_affinity", "--debug", str(script), str(tmp_path),
-    ]  # fmt: skip
+    argv = launch_command(
+        "--dynamo_backend", "eager", "--tee", "3", "--log_dir", logs, "--enable_cpu_affinity",
+        "--debug", script, tmp_path,
+    )  # fmt: skip
     run = subprocess.run(
-        [sys.executable, "-m", "accel_cli.main", *argv],
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        argv,
+        env=worker_env(),
         capture_output=True,
         text=True,
         timeout=300,
@@ -410,6 +412,7 @@ def test_parallelism_flags_reach_the_workers(tmp_path, capsys):
     assert handed["parallelism_config"] == {"parallelism_config_dp_replicate_size": 1}
 
 
+@pytest.mark.needs("accel_parallel")
 def test_megatron_flags_and_file_reach_the_workers(tmp_path, capsys):
     """--use_megatron_lm and the --megatron_lm_* flags (or the megatron_lm_config keys of a
     file) are handed to the workers, where MegatronLMPlugin maps them onto the mesh."""

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 WITHOUT_ACCEL = """
@@ -16,6 +17,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.needs("accel_parallel")
 def test_merge_weights_needs_only_accel_parallel(tmp_path: Path) -> None:
     import torch.distributed.checkpoint as dcp
 

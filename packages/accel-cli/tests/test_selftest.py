@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
+
+import pytest
 
 from accel_cli import default_file_values, write_config_file
 from accel_cli._selftest import PARTS, _print_parts
+from accel_testkit.launch import accel_command, worker_env
 
 
+@pytest.mark.needs("accel")
 def test_accel_test_passes_on_two_cpu_processes(tmp_path):
     cfg = write_config_file(tmp_path / "cpu2.yaml", default_file_values(cpu=True, num_processes=2))
     run = subprocess.run(
-        [sys.executable, "-m", "accel_cli.main", "test", "--config_file", str(cfg)],
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        accel_command("test", "--config_file", cfg),
+        env=worker_env(),
         capture_output=True,
         text=True,
         timeout=300,

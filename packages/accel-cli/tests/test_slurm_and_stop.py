@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -15,6 +13,7 @@ from accel_cli._run import STOPPED_EXIT_CODE
 from accel_cli._slurm import expand_hostlist, first_host, slurm_launch_values
 from accel_cli._torchrun import without_sigterm
 from accel_cli.main import main
+from accel_testkit.launch import accel_command, worker_env
 
 _NO_SCONTROL = {"which": lambda name: None}
 
@@ -110,10 +109,7 @@ def test_a_stop_request_on_a_direct_launch_exits_with_the_stopped_code(tmp_path)
         "time.sleep(60)\n"
         "out.write_text('not stopped')\n"
     )
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "accel_cli.main", "launch", str(script), str(ready)], env=env
-    )
+    proc = subprocess.Popen(accel_command("launch", script, ready), env=worker_env())
     try:
         deadline = time.monotonic() + 30
         while not ready.exists():

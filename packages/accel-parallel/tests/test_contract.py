@@ -43,6 +43,7 @@ from accel_parallel import (
 )
 from accel_parallel.checkpoint import model_name, optimizer_name, weights_file
 from accel_state.testing import run_distributed
+from accel_testkit.tolerance import float32_error, norm_terms, training_drift
 
 pytest_plugins = ["pytester"]
 
@@ -113,44 +114,16 @@ def reference() -> dict[str, Any]:
     return {"state": _cpu(model.state_dict()), "norms": norms}
 
 
-# Why the tolerance is what it is (packages/accel/tests/_models.py reasons the same way): a
-# run that splits the same work over processes, shards or stages differs from the reference
-# by float32 rounding alone. A reduction adding N terms in another order changes its sum by
-# at most N * 2**-24 of the sum of the terms' magnitudes; a step's gradient chains
-# 2 * layers + 1 such reductions (forward, backward, the sum over the batch), and clipping
-# scales every gradient by the global norm, one more chain of norm_terms sums. Times 10 for
-# what that first-order bound leaves out (a gradient that is a small difference of large
-# terms, a step's effect on the next gradients). SGD is linear in the gradient, so gradients
-# a fraction e apart move the weights e of their movement apart, and STEPS steps add STEPS
-# such errors. A broken engine (a missing or doubled reduction, a lost micro-batch, a wrong
-# shard, another clip coefficient) is off by a large fraction: 0.1 or more.
+# Why the tolerance is what it is (accel_testkit.tolerance reasons it out): a run that splits
+# the same work over processes, shards or stages differs from the reference by float32
+# rounding alone, float32_error of one step's clipped gradients of Net; SGD is linear in the
+# gradient, so gradients a fraction e apart move the weights e of their movement apart, and
+# STEPS steps add STEPS such errors. A broken engine (a missing or doubled reduction, a lost
+# micro-batch, a wrong shard, another clip coefficient) is off by a large fraction: 0.1 or
+# more.
 LAYERS, TERMS = 4, 16  # 4 linear layers; sums of at most 16 terms (16 features; 8 rows + 2)
-
-
-def norm_terms(params: Iterable[torch.Tensor]) -> int:
-    """torch's global norm: each gradient's norm (its numel terms), then the norm of those."""
-    sizes = [p.numel() for p in params]
-    return max(sizes) + len(sizes)
-
-
-def float32_error() -> float:
-    """Relative float32 error of one step's (clipped) gradients of Net; see above."""
-    chained = (2 * LAYERS + 1) * TERMS + norm_terms(make_net().parameters())
-    return 10 * chained * 2.0**-24
-
-
-BOUND = STEPS * float32_error()  # about 5e-4: the relative drift the runs may have
-
-
-def drift(state: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> dict[str, float]:
-    """Per tensor: ||state - ref|| / ||ref - start||, how far apart the runs ended relative to
-    how far training moved the weights from make_net()'s."""
-    start = make_net().state_dict()
-    out = {}
-    for key, want in ref.items():
-        apart = float((state[key].double() - want.double()).norm())
-        out[key] = apart / float((want.double() - start[key].double()).norm())
-    return out
+# about 5e-4: the relative drift the runs may have
+BOUND = STEPS * float32_error(LAYERS, TERMS, norm_terms(make_net().parameters()))
 
 
 # -- the stand-ins for what the caller passes -------------------------------------------------
@@ -410,7 +383,8 @@ def check_contract(name: str, ranks: list[dict[str, Any]], expected: dict[str, A
     main = ranks[0]  # sharded strategies gather the full state on the main process
     assert main["files"], f"{name}: save_model_files / save_optimizer_files wrote nothing"
     assert main["optimizer_state"], f"{name}: the optimizer state holds no tensor"
-    found = drift(main["state"], expected["state"])
+    # per tensor: how far apart the runs ended, of how far training moved it from make_net()'s
+    found = training_drift(main["state"], expected["state"], make_net().state_dict())
     worst = max(found, key=found.__getitem__)
     assert found[worst] <= BOUND, (
         f"{name}: {worst} ended {found[worst]:.2e} of its training movement away from one "

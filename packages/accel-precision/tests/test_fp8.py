@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
 import pytest
@@ -30,18 +31,24 @@ from accel_precision import (
 _EMULATED = AORecipeKwargs(emulate=True, min_features=16)
 
 
+needs_torchao = pytest.mark.skipif(
+    importlib.util.find_spec("torchao") is None, reason="needs torchao (accel-precision[ao])"
+)
+
+
 def _no_module(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
     for name in names:  # a None entry makes `import name` raise ImportError
         monkeypatch.setitem(sys.modules, name, None)
 
 
 def test_fp8_on_cpu_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="'cpu'"):
+        check_fp8_support("cpu")
+    pytest.importorskip("torchao", reason="fp8_backend='auto' on CPU resolves to torchao")
     with pytest.raises(RuntimeError, match=r"needs a CUDA GPU of compute capability >= 8.9.*'cpu'"):
         make_precision("fp8", device_type="cpu")
     with pytest.raises(RuntimeError, match="emulate=True"):
         make_precision("fp8", device_type="cpu", fp8_kwargs=TERecipeKwargs())
-    with pytest.raises(RuntimeError, match="'cpu'"):
-        check_fp8_support("cpu")
 
 
 @pytest.mark.skipif(
@@ -147,6 +154,7 @@ def test_ao_conversion_honours_accelerate_config_and_filter():
     assert model.mid.config is config
 
 
+@needs_torchao
 def test_ao_default_threshold_converts_layers_large_enough_to_gain():
     model = nn.Sequential(
         nn.Linear(64, 1024), nn.Linear(1024, 1024), nn.Linear(1024, 512), nn.Linear(512, 64)
@@ -165,6 +173,7 @@ def test_accelerate_form_skips_first_and_last_with_no_size_threshold():
     assert _converted(mine) == {"0"}  # the caller's filter replaces the rule
 
 
+@needs_torchao
 def test_ao_conversion_keeps_the_parameters():
     model = _Stack()
     params = dict(model.named_parameters())
@@ -213,6 +222,7 @@ def _train(precision, steps: int = 12) -> tuple[list[float], torch.Tensor]:
     return losses, first
 
 
+@needs_torchao
 def test_emulated_ao_fp8_trains_and_stays_close_to_bf16():
     p = make_precision("fp8", device_type="cpu", fp8_kwargs=_EMULATED)
     assert isinstance(p, FP8Precision) and p.backend == "ao" and p.dtype == torch.bfloat16
@@ -227,6 +237,7 @@ def test_emulated_ao_fp8_trains_and_stays_close_to_bf16():
     assert not torch.equal(fp8_out, bf16_out)  # the fp8 layers really ran
 
 
+@needs_torchao
 def test_emulated_ao_fp8_converts_the_inner_layers_of_a_block():
     p = make_precision("fp8", device_type="cpu", fp8_kwargs=_EMULATED)
     model = p.convert_module(_Block())

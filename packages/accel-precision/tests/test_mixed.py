@@ -16,7 +16,6 @@ from accel_precision import (
     has_wrapped_forward,
     make_precision,
 )
-from accel_state.testing import run_distributed
 
 
 def _model() -> nn.Module:
@@ -252,5 +251,8 @@ def _sharded_worker() -> dict:
 
 
 def test_sharded_scaler_skips_on_every_rank_when_one_rank_overflows():
-    out = run_distributed(_sharded_worker, world_size=2, timeout=120)
+    # the spawner is accel-state's, which accel-precision does not depend on: installed alone
+    # (.ci/run), this one test skips; the workspace's run has it
+    testing = pytest.importorskip("accel_state.testing", reason="spawns with accel-state's helper")
+    out = testing.run_distributed(_sharded_worker, world_size=2, timeout=120)
     assert out == [{"stepped": [False, True], "scale": 32.0}] * 2

@@ -232,5 +232,6 @@ def test_tracker_classes_is_the_live_registry(list_tracker):
 
 
 def test_missing_logging_directory_is_named():
-    with pytest.raises(ValueError, match="Logging with `tensorboard` requires a `logging_dir`"):
-        filter_trackers("tensorboard", None)
+    # jsonl needs no library, so this holds wherever accel-tracking is installed
+    with pytest.raises(ValueError, match="Logging with `jsonl` requires a `logging_dir`"):
+        filter_trackers("jsonl", None)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ import pytest
 import torch
 
 from accel._as_accelerate import ENV_AS_ACCELERATE
+from accel_testkit.launch import launch_command, worker_env
 
 HERE = Path(__file__).parent
 FLOWS = HERE / "_client_matrix_flows.py"
@@ -45,10 +45,8 @@ pytestmark = pytest.mark.skipif(not HAS["transformers"], reason="transformers no
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != ENV_AS_ACCELERATE}
-    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", HF_HUB_OFFLINE="1",
-               HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")  # fmt: skip
-    return env
+    return worker_env(drop=[ENV_AS_ACCELERATE], PYTHONWARNINGS="ignore", HF_HUB_OFFLINE="1",
+                      HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")  # fmt: skip
 
 
 def _start(cmd: list[str], out: Path) -> tuple[subprocess.Popen, Path]:
@@ -82,12 +80,11 @@ def started(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tupl
         runs["reference"] = (_start(cmd, out), out)
     if HAS["trl"]:
         out = tmp_path_factory.mktemp("launched")
-        launch = [sys.executable, "-m", "accel_cli.main", "launch", "--cpu", "--num_processes", "2"]
         trainer = "trainer:split_batches,dispatch_batches,dispatch_batches_false," + (
             "include_num_input_tokens_seen"
         )
         groups = ["trl:sft,dpo,utilities", trainer]
-        cmd = [*launch, "--as_accelerate", str(FLOWS), str(out), "accel", *groups]
+        cmd = launch_command("--as_accelerate", FLOWS, out, "accel", *groups)
         runs["launched"] = (_start(cmd, out), out)
     yield runs
     for proc, _ in (run for run, _ in runs.values()):
@@ -110,11 +107,10 @@ def matrix(started: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     if HAS["lm_eval"] and (out / "lm_eval_files_accel").is_dir():
         # lm-eval's command line on 2 processes, on the model and task the matrix scored
         files, cli_out = out / "lm_eval_files_accel", tmp_path_factory.mktemp("lm_eval_cli")
-        cmd = [sys.executable, "-m", "accel_cli.main", "launch", "--cpu", "--num_processes", "2",
-               "--as_accelerate", "-m", "lm_eval", "--model", "hf", "--model_args",
-               f"pretrained={files / 'lm'},dtype=float32", "--tasks", "accel_count",
-               "--include_path", str(files / "tasks"), "--device", "cpu", "--batch_size", "4",
-               "--output_path", str(cli_out / "results"), "--log_samples"]  # fmt: skip
+        cmd = launch_command("--as_accelerate", "-m", "lm_eval", "--model", "hf", "--model_args",
+                             f"pretrained={files / 'lm'},dtype=float32", "--tasks", "accel_count",
+                             "--include_path", files / "tasks", "--device", "cpu", "--batch_size",
+                             "4", "--output_path", cli_out / "results", "--log_samples")  # fmt: skip
         started["lm_eval_cli"] = (_start(cmd, cli_out), cli_out)
     return {g: _read(out, g, "accel") for g, lib in GROUPS.items() if HAS[lib]}
 

@@ -22,10 +22,9 @@ import pytest
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _models import assert_same_training, float32_error, norm_terms
-
 from accel_state.testing import run_distributed
+from accel_testkit.launch import LAUNCHER_VARS, accel_command, worker_env
+from accel_testkit.tolerance import assert_same_training, float32_error, norm_terms
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("deepspeed") is None,
@@ -38,7 +37,7 @@ AUTO_CLIP = 1.0  # what gradient_clipping "auto" (a plain DeepSpeedPlugin) clips
 # with an eps above every gradient element (the gradients are clipped to norm <= 1): its step
 # lr * m / (sqrt(v) + eps) is then within a factor 2 of lr * m and changes by at most
 # 2 * lr * d for a change d in the gradients, like SGD's, instead of amplifying the rounding
-# of a near-zero gradient to a step of +-lr (eps=1e-8). See _models.py.
+# of a near-zero gradient to a step of +-lr (eps=1e-8). See accel_testkit.tolerance.
 ADAM_EPS = 1.0
 EXTENSIONS = os.environ.get("TORCH_EXTENSIONS_DIR") or str(
     Path.home() / ".cache" / "torch_extensions"
@@ -424,17 +423,9 @@ def _accel_launch(folder: str, *flags: str) -> None:
     """`accel launch FLAGS script folder` in a clean environment (no user config file)."""
     script = Path(folder) / "resume.py"
     script.write_text(RESUME_SCRIPT.format(path=__file__))
-    accel = Path(sys.executable).with_name("accel")
-    command = [str(accel)] if accel.is_file() else [sys.executable, "-m", "accel_cli.main"]
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("ACCEL_")
-        and k not in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}
-    }
-    env.update(XDG_CONFIG_HOME=str(Path(folder) / "config"), OMP_NUM_THREADS="1")
-    done = subprocess.run([*command, "launch", *flags, str(script), folder], env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    command = accel_command("launch", *flags, script, folder, entry_point=True)
+    env = worker_env(drop=["ACCEL_*", *LAUNCHER_VARS], XDG_CONFIG_HOME=str(Path(folder) / "config"))
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
 
 

@@ -7,49 +7,29 @@ saves a checkpoint; one 2-process launch resumes it; one 1-process launch resume
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _models import assert_same_training, float32_error, norm_terms
-
 from accel_state.testing import run_distributed
+from accel_testkit.models import Stack
+from accel_testkit.tolerance import assert_same_training, float32_error, norm_terms
 
 GLOBAL_BATCH, STEPS = 16, 4
 # Net: 5 linear layers, reductions of at most 32 terms (the width, 16 rows). SGD (linear in
-# the gradient) rather than Adam: see _models.py. Momentum gives the optimizer a state for
-# FSDP2 to shard and the checkpoints to save and reshard.
+# the gradient) rather than Adam: see accel_testkit.tolerance. Momentum gives the optimizer a
+# state for FSDP2 to shard and the checkpoints to save and reshard.
 NET_ERROR = float32_error(layers=5, terms=32)
 
 
-class Block(nn.Module):
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.fc = nn.Linear(width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + torch.tanh(self.fc(x))
-
-
-class Net(nn.Module):
-    _no_split_modules = ["Block"]  # what transformers models declare; the default wrap policy
+class Net(Stack):
+    """inp: 8 -> 32, 3 blocks x + tanh(fc(x)) of 32, out: 32 -> 1. From Stack it declares
+    `_no_split_modules = ["Block"]`, as transformers models do: the default wrap policy."""
 
     def __init__(self, width: int = 32) -> None:
-        super().__init__()
-        self.inp = nn.Linear(8, width)
-        self.blocks = nn.ModuleList(Block(width) for _ in range(3))
-        self.out = nn.Linear(width, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.inp(x)
-        for block in self.blocks:
-            h = block(h)
-        return self.out(h)
+        super().__init__(width=width, depth=3)
 
 
 def make_net() -> Net:

@@ -10,9 +10,7 @@ pipeline inference.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +18,10 @@ import pytest
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _models import (
+from accel_state.testing import free_port, run_distributed
+from accel_testkit.launch import LAUNCHER_VARS, launch_command, worker_env
+from accel_testkit.models import Stack
+from accel_testkit.tolerance import (
     assert_same_forward,
     assert_same_losses,
     assert_same_training,
@@ -29,46 +29,25 @@ from _models import (
     norm_terms,
 )
 
-from accel_state.testing import free_port, run_distributed
-
 GLOBAL_BATCH, STEPS, SAVE_AT = 16, 4, 2
 # Net: 6 linear layers, reductions of at most 64 terms (the 4 * 16 hidden features, 16 rows).
-# SGD (linear in the gradient) rather than Adam: see _models.py. Momentum gives the optimizer
-# a state for the checkpoints to shard, save and load.
+# SGD (linear in the gradient) rather than Adam: see accel_testkit.tolerance. Momentum gives
+# the optimizer a state for the checkpoints to shard, save and load.
 NET_ERROR = float32_error(layers=6, terms=64)  # a forward (and backward) pass
 # The tiny Llama: 2 decoder layers of about 8 chained reductions each, embedding, norm, head
 # and the loss: about 20 layers; 64 terms at most (intermediate size, vocabulary, 4 x 16 tokens).
 LLAMA_ERROR, LLAMA_STEPS = float32_error(layers=20, terms=64), 3
-_TORCHRUN_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}
 
 
-class Block(nn.Module):
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.up = nn.Linear(width, 4 * width)
-        self.down = nn.Linear(4 * width, width)
+class Net(Stack):
+    """An MLP stack (inp: 8 -> 16, 2 blocks x + down(tanh(up(x))) of 16 -> 64 -> 16, out:
+    16 -> 1); as transformers models do, it declares its tensor-parallel plan (and, from
+    Stack, its unsplittable blocks)."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(torch.tanh(self.up(x)))
-
-
-class Net(nn.Module):
-    """An MLP stack; as transformers models do, it declares its tensor-parallel plan."""
-
-    _no_split_modules = ["Block"]
     _tp_plan = {"blocks.*.up": "colwise", "blocks.*.down": "rowwise"}
 
     def __init__(self, width: int = 16) -> None:
-        super().__init__()
-        self.inp = nn.Linear(8, width)
-        self.blocks = nn.ModuleList(Block(width) for _ in range(2))
-        self.out = nn.Linear(width, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.inp(x)
-        for block in self.blocks:
-            h = block(h)
-        return self.out(h)
+        super().__init__(width=width, depth=2, hidden=4 * width)
 
 
 class PlainNet(Net):
@@ -325,7 +304,7 @@ def _check_trained(
     steps: int = STEPS,
 ) -> None:
     """The weights of `steps` steps from `start` (the initial weights by default) within
-    float32 rounding of the expected ones: see _models.py."""
+    float32 rounding of the expected ones: see accel_testkit.tolerance."""
     model = make_net()
     start = model.state_dict() if start is None else start
     clipped = norm_terms(model.parameters())
@@ -393,15 +372,13 @@ def _launch_resume(folder: Path, tmp_path: Path, dp_shard: int, tp: int) -> Path
             tests=tests, folder=str(folder), out=str(out), dp_shard=dp_shard, tp=tp
         )
     )
-    env = {k: v for k, v in os.environ.items() if k not in _TORCHRUN_VARS}
-    env.update(OMP_NUM_THREADS="1", XDG_CONFIG_HOME=str(tmp_path))  # no default config file
-    cmd = [
-        sys.executable, "-m", "accel_cli.main", "launch", "--cpu",
-        "--num_processes", str(dp_shard * tp),
-        "--parallelism_config_dp_shard_size", str(dp_shard),
-        "--parallelism_config_tp_size", str(tp),
-        "--main_process_port", str(free_port()), str(script),
-    ]  # fmt: skip
+    env = worker_env(drop=LAUNCHER_VARS, XDG_CONFIG_HOME=str(tmp_path))  # no default config file
+    cmd = launch_command(
+        "--parallelism_config_dp_shard_size", dp_shard,
+        "--parallelism_config_tp_size", tp,
+        "--main_process_port", free_port(), script,
+        num_processes=dp_shard * tp,
+    )  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     problems = [ln for ln in proc.stderr.splitlines() if "rror" in ln or "terminate" in ln]
     assert proc.returncode == 0, "\n".join(problems[:40])
@@ -481,7 +458,7 @@ def test_tensor_parallel_declared_plan(two: list[dict]) -> None:
 def test_transformers_model_uses_its_tp_plan(two: list[dict]) -> None:
     llama = two[0]["llama"]
     assert llama["split"] > 0
-    bound = LLAMA_STEPS * LLAMA_ERROR  # SGD, float32 rounding only: see _models.py
+    bound = LLAMA_STEPS * LLAMA_ERROR  # SGD, float32 rounding only: see accel_testkit.tolerance
     assert_same_training(llama["state"], llama["expected_state"], llama["start"], bound)
     assert_same_losses(llama["losses"], llama["expected"], forward=LLAMA_ERROR, bound=bound)
 
