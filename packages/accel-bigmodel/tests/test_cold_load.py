@@ -6,6 +6,7 @@ what the page cache holds.
 """
 
 import copy
+import ctypes
 import itertools
 import json
 import mmap
@@ -22,7 +23,7 @@ from torch import nn
 
 from accel_bigmodel import (
     CheckpointReader,
-    _file_io,
+    _fault_in,
     _sources,
     load_checkpoint_and_dispatch,
     load_checkpoint_in_model,
@@ -37,6 +38,21 @@ pytestmark = pytest.mark.skipif(
 
 def _bits(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.contiguous().reshape(-1).view(torch.uint8)
+
+
+def _resident(mapped: mmap.mmap) -> list[int]:
+    """Per page of `mapped`: 1 where it is in the page cache (mincore)."""
+    pages = -(-len(mapped) // mmap.PAGESIZE)
+    status = (ctypes.c_ubyte * pages)()
+    anchor = ctypes.c_char.from_buffer(mapped)
+    try:
+        size = ctypes.c_size_t(pages * mmap.PAGESIZE)
+        assert not ctypes.CDLL(None).mincore(
+            ctypes.c_void_p(ctypes.addressof(anchor)), size, status
+        )
+    finally:
+        del anchor
+    return list(status)
 
 
 def _drop_pages(*paths: str) -> None:
@@ -125,7 +141,7 @@ def test_cold_shards_of_every_dtype_and_odd_offsets_load_bit_exact(tmp_path, col
     save_file(model.state_dict(), str(tmp_path / "again.safetensors"))  # each its own storage
 
 
-def test_fault_in_covers_every_tensor_in_runs_within_the_chunk(tmp_path, monkeypatch):
+def test_fault_in_covers_every_tensor_in_runs_within_the_chunk(tmp_path):
     """Many small tensors share runs; big ones span several; all come in, in the order asked."""
     state = {f"s{k:03d}": torch.randn(k % 7 + 1) for k in range(300)}
     state["big"] = torch.randn(5 * mmap.PAGESIZE + 3)  # crosses several 2-page runs
@@ -136,32 +152,32 @@ def test_fault_in_covers_every_tensor_in_runs_within_the_chunk(tmp_path, monkeyp
     mapped = map_file(path)
     items = [(path, mapped, i.offset, i.nbytes) for i in infos]
     chunk = 2 * mmap.PAGESIZE
-    for madvise in (_file_io._libc_madvise, lambda: None):  # the kernel's populate; plain reads
-        monkeypatch.setattr(_file_io, "_libc_madvise", madvise)
-        _drop_pages(path)
-        fault_in = FaultIn(items, threads=1, chunk=chunk)
-        fault_in.join()
-        assert fault_in.order == list(range(len(items)))  # one thread: exactly the order asked
-        covered: dict[int, list[tuple[int, int]]] = {}
-        for _, begin, end, members in fault_in._jobs:
-            assert 0 < end - begin <= chunk and begin % mmap.PAGESIZE == 0
-            for m in members:
-                covered.setdefault(m, []).append((begin, end))
-        for k, (_, _, offset, nbytes) in enumerate(items):
-            spans = sorted(covered[k])
-            assert spans[0][0] <= offset and spans[-1][1] >= offset + nbytes, infos[k].name
-            assert all(a[1] >= b[0] for a, b in itertools.pairwise(spans))
-        assert len(fault_in._jobs) < len(items) // 2  # small neighbours share a run
-        for k, info in enumerate(infos):
-            fault_in.wait(k)
-            got = torch.frombuffer(
-                mapped,
-                dtype=info.dtype,
-                count=info.nbytes // info.dtype.itemsize,
-                offset=info.offset,
-            )
-            assert torch.equal(_bits(got), _bits(state[info.name].reshape(-1))), info.name
-        assert fault_in.finished
+    _drop_pages(path)
+    fault_in = FaultIn(items, threads=1, chunk=chunk)
+    fault_in.join()
+    first = min(offset for _, _, offset, _ in items) // mmap.PAGESIZE  # the header's not asked
+    assert all(_resident(mapped)[first:])  # read into the page cache, which the tensors view
+    assert fault_in.order == list(range(len(items)))  # one thread: exactly the order asked
+    covered: dict[int, list[tuple[int, int]]] = {}
+    for _, begin, end, members in fault_in._jobs:
+        assert 0 < end - begin <= chunk and begin % mmap.PAGESIZE == 0
+        for m in members:
+            covered.setdefault(m, []).append((begin, end))
+    for k, (_, _, offset, nbytes) in enumerate(items):
+        spans = sorted(covered[k])
+        assert spans[0][0] <= offset and spans[-1][1] >= offset + nbytes, infos[k].name
+        assert all(a[1] >= b[0] for a, b in itertools.pairwise(spans))
+    assert len(fault_in._jobs) < len(items) // 2  # small neighbours share a run
+    for k, info in enumerate(infos):
+        fault_in.wait(k)
+        got = torch.frombuffer(
+            mapped,
+            dtype=info.dtype,
+            count=info.nbytes // info.dtype.itemsize,
+            offset=info.offset,
+        )
+        assert torch.equal(_bits(got), _bits(state[info.name].reshape(-1))), info.name
+    assert fault_in.finished
 
 
 class Chain(nn.Module):
@@ -236,13 +252,10 @@ def test_a_reading_error_reaches_the_forward(tmp_path, cold, monkeypatch):
     torch.manual_seed(0)
     save_file(Chain(depth=2).state_dict(), path)
 
-    def broken():
-        def madvise(*args):
-            raise OSError(5, "Input/output error")
+    def broken(*args):  # the disk fails under the reading threads
+        raise OSError(5, "Input/output error")
 
-        return madvise
-
-    monkeypatch.setattr(_file_io, "_libc_madvise", broken)
+    monkeypatch.setattr(_fault_in, "read_range", broken)
     with torch.device("meta"):
         model = Chain(depth=2)
     load_checkpoint_in_model(model, path)

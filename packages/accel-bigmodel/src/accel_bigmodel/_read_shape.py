@@ -1,15 +1,16 @@
 """How the fault-in threads read cold shards: how many threads, in runs of how many bytes.
 
 The fastest shape depends on the disk and on what else the machine is doing: on the
-development VM the shape that was fixed before (8 threads x 8 MiB) was the best of a sweep on
-one day and 1.3-1.5x slower than the best on others. So it is measured where it runs. The
-first cold load from a device in a process reads its first bytes (which it needs anyway) with
-each candidate shape in turn (twice, see `Probe`), keeps the fastest for the rest of that
-load, and every later load from that device in the process starts with it. The candidates
-keep the same bytes in flight (64 MiB) and differ in how they are split: few threads with long
-runs, or many with short ones. A load too small to pay for the probe (`MIN_PROBED_SHARE` times
-`probe_bytes()`) uses `DEFAULT` and leaves the choice to a larger one. An explicit
-``CheckpointReader(threads=...)`` is used as given, in runs of `EXPLICIT_CHUNK`.
+development VM 8 threads x 8 MiB, fixed before, was the best of a sweep on one day and
+1.3-1.5x slower than the best on others; in sweeps of 2-16 threads x 8-32 MiB since, 32 MiB
+runs were the fastest or within 10% of it every time, and the best thread count moved between
+4, 8 and 16. So the run length is fixed at 32 MiB and the thread count is measured where it
+runs. The first cold load from a device in a process reads its first bytes (which it needs
+anyway) with each candidate in turn (twice, see `Probe`), keeps the fastest for the rest of
+that load, and every later load from that device in the process starts with it. A load too
+small to pay for the probe (`MIN_PROBED_SHARE` times `probe_bytes()`) uses `DEFAULT` and leaves
+the choice to a larger one. An explicit ``CheckpointReader(threads=...)`` is used as given, in
+runs of `EXPLICIT_CHUNK`.
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ import threading
 
 MiB = 2**20
 # Candidates in the order tried; on a tie (within `TIE`) the earlier, fewer threads, wins.
-CANDIDATES: tuple[tuple[int, int], ...] = ((2, 32 * MiB), (4, 16 * MiB), (8, 8 * MiB))
-DEFAULT = (4, 16 * MiB)
+CANDIDATES: tuple[tuple[int, int], ...] = ((4, 32 * MiB), (8, 32 * MiB))
+DEFAULT = (8, 32 * MiB)
 EXPLICIT_CHUNK = 8 * MiB
 ROUNDS = 1  # rounds of runs (threads x chunk bytes) per visit; two visits per candidate
 WARM_BYTES = 32 * MiB  # read first with `DEFAULT`, unmeasured: the disk ramps up
-MIN_PROBED_SHARE = 2  # probe only a load at least this many times the probe's bytes
+MIN_PROBED_SHARE = 1.5  # probe only a load at least this many times the probe's bytes
 TIE = 0.05
 
 _chosen: dict[int, tuple[int, int]] = {}  # device -> shape, for this process
@@ -90,8 +91,8 @@ class Fixed:
 class Probe:
     """Each candidate in turn, twice, then the fastest; the choice is remembered.
 
-    After a warm-up with `DEFAULT`, the candidates are visited in the order A B C C B A, one
-    round of runs (threads x chunk) per visit, so a rate that drifts while the load runs (the
+    After a warm-up with `DEFAULT`, the candidates are visited in the order A B C C B A (with
+    two, A B B A), one round of runs (threads x chunk) per visit, so a rate that drifts while the load runs (the
     disk ramping up, other work on the machine) weighs on every candidate alike. A visit's
     runs start together and the next visit starts when they have all finished, so each visit
     is timed alone, from its first run's start to its last run's end; a candidate's rate is
