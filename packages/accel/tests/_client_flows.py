@@ -124,15 +124,25 @@ def flow_trainer(out: Path, work: Path) -> dict[str, Any]:
     )
     resumed.train(resume_from_checkpoint=str(work / "full" / "checkpoint-4"))
     torch.save(state(resumed.model), out / "trainer_resumed.pt")
+    # Gradient accumulation against the whole batch, with SGD and no clipping: a step is
+    # linear in the gradient, so the runs differ by float32 rounding alone (test_clients
+    # bounds it). With AdamW a gradient that is zero up to rounding can move a weight by
+    # +-lr, by an amount that depends on the CPU's kernels; with clipping a wrong scale of
+    # the accumulated gradient would be clipped away unseen.
+    sgd = {"optim": "sgd", "learning_rate": 5e-2, "max_grad_norm": 0.0, "max_steps": 4}
+    whole = Trainer(model=tiny_model(), args=train_args(work / "sgd", **sgd), train_dataset=data)
+    whole.train()
+    torch.save(state(whole.model), out / "trainer_sgd_whole.pt")
     accumulated = Trainer(
         model=tiny_model(),
         args=train_args(
-            work / "ga", per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=4
+            work / "ga", per_device_train_batch_size=2, gradient_accumulation_steps=2, **sgd
         ),
         train_dataset=data,
     )
     accumulated.train()
     torch.save(state(accumulated.model), out / "trainer_ga.pt")
+    torch.save(state(tiny_model()), out / "trainer_start.pt")
     at_step_4 = LlamaForCausalLM.from_pretrained(work / "full" / "checkpoint-4")
     torch.save(state(at_step_4), out / "trainer_step4.pt")
     return {
