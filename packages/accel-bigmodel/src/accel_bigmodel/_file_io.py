@@ -14,7 +14,6 @@ import os
 import sys
 import threading
 
-MADV_POPULATE_READ = 22  # Linux 5.14+: fault pages in (reading them) without copying them
 MADV_POPULATE_WRITE = 23  # Linux 5.14+: fault pages in writable, in one call
 SCRATCH = 2**20  # the buffer a reading thread reads through (`read_range`)
 try:
@@ -62,8 +61,7 @@ def populate(address: int, nbytes: int, advice: int) -> bool:
     the call is missing or refused (the caller's copy or read then faults them itself).
 
     POPULATE_WRITE: fresh memory before it is written, not a fault per 4 KiB page inside the
-    copy (a quarter less CPU here). POPULATE_READ: a file's mapped pages, read with large
-    requests into the page cache and mapped, without a copy (`FaultIn`).
+    copy (a quarter less CPU here).
     """
     madvise = _libc_madvise()
     if madvise is None or nbytes <= 0:

@@ -8,7 +8,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from accel_bigmodel._fault_in import is_cached, map_file
-from accel_bigmodel._file_io import Files, read_range
+from accel_bigmodel._file_io import SCRATCH, Files, read_range
 
 WARM_THREADS = 4
 _WARM_READ = 8 * 2**20
@@ -24,8 +24,9 @@ def warm_page_cache(
     order, read by `threads` threads issuing 8 MiB ``preadv`` calls (the disk's parallel
     bandwidth, as `FaultIn` reads), while the model starts running, instead of one fault at a
     time. A single ``posix_fadvise(WILLNEED)`` stream measured 1.4-1.5x the parallel read
-    floor here; 4 reading threads 1.0-1.07x. The reads land in one shared 8 MiB scratch buffer
-    whose contents are never looked at: the page cache is what is kept. Files already in the
+    floor here; 4 reading threads 1.0-1.07x. Each read is one request whose iovecs all point at
+    one shared 1 MiB scratch buffer (`read_range`), whose contents are never looked at: the
+    page cache is what is kept. Files already in the
     page cache are skipped (copying them would only take CPU from the forward). It is a hint:
     it holds no other memory, and errors are ignored. Returns the threads (daemons).
     """
@@ -41,7 +42,7 @@ def warm_page_cache(
     )
     if not jobs:
         return []
-    scratch = memoryview(bytearray(_WARM_READ))
+    scratch = memoryview(bytearray(SCRATCH))
 
     def run() -> None:
         files = Files()

@@ -27,7 +27,7 @@ from accel_parallel._parallelize import (
     ignored_parameters,
 )
 from accel_parallel._registry import StrategyRequest, register_strategy
-from accel_parallel._strategy import ProcessInfo, Strategy
+from accel_parallel._strategy import ProcessInfo, Strategy, prepared_with
 from accel_parallel.checkpoint import _dcp
 from accel_parallel.checkpoint._formats import FULL
 from accel_parallel.checkpoint._layout import (
@@ -177,13 +177,7 @@ class FSDP2Strategy(Strategy):
         return _dtensor.load_full_model_state(model, state_dict, self.device, strict=strict)
 
     def _model_for(self, optimizer: torch.optim.Optimizer, model: nn.Module | None) -> nn.Module:
-        model = model or self._optimizer_models.get(id(optimizer))
-        if model is None:
-            raise ValueError(
-                "This optimizer was not prepared together with an FSDP2 model: pass the model "
-                "and its optimizer to the same prepare() call."
-            )
-        return model
+        return prepared_with(self._optimizer_models, optimizer, model, "an FSDP2 model")
 
     optimizer_model = _model_for
 

@@ -75,7 +75,29 @@ def check_mesh_run(
         )
 
 
-class MeshStrategy(FSDP2Strategy):
+class OnMeshView:
+    """What a strategy that holds a `MeshView` as ``self.layout`` reports of it: the whole
+    mesh and the data-parallel size, rank and group (the mesh and pipeline strategies)."""
+
+    layout: MeshView
+
+    @property
+    def device_mesh(self) -> Any:
+        return self.layout.device_mesh
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.layout.data_parallel_size
+
+    @property
+    def data_parallel_rank(self) -> int:
+        return self.layout.data_parallel_rank
+
+    def data_parallel_group(self) -> Any:
+        return self.layout.data_parallel_group()
+
+
+class MeshStrategy(OnMeshView, FSDP2Strategy):
     """Tensor parallel, then FSDP2 (or HSDP) over the one device mesh of `config`: FSDP2's
     sharded state and checkpoints, with `apply_tensor_parallel` on the ``tp`` sub-mesh first
     and the data-parallel sub-mesh in place of every process."""
@@ -105,24 +127,9 @@ class MeshStrategy(FSDP2Strategy):
     def distributed_type(self, topology: Any) -> Any:
         return super().distributed_type(topology) if self.shards else topology
 
-    # -- the mesh ------------------------------------------------------------------------------
-    @property
-    def device_mesh(self) -> Any:
-        return self.layout.device_mesh
-
+    # -- the mesh (the rest from OnMeshView) ---------------------------------------------------
     def _device_mesh(self) -> Any:
         return self.layout.fsdp_mesh()
-
-    @property
-    def data_parallel_size(self) -> int:
-        return self.layout.data_parallel_size
-
-    @property
-    def data_parallel_rank(self) -> int:
-        return self.layout.data_parallel_rank
-
-    def data_parallel_group(self) -> Any:
-        return self.layout.data_parallel_group()
 
     # -- preparing -------------------------------------------------------------------------------
     def wrap_model(self, model: nn.Module) -> nn.Module:

@@ -27,7 +27,7 @@ from torch import nn
 
 from accel_parallel import _dtensor
 from accel_parallel._fsdp_plugin import FullyShardedDataParallelPlugin
-from accel_parallel._mesh import MeshView, check_mesh_run, mesh_request
+from accel_parallel._mesh import MeshView, OnMeshView, check_mesh_run, mesh_request
 from accel_parallel._parallelism_config import ParallelismConfig
 from accel_parallel._parallelize import apply_activation_checkpointing, apply_fsdp
 from accel_parallel._pipeline_grads import HeldGradients, PipelineOutput, ScaledLoss, held_loss
@@ -46,7 +46,7 @@ from accel_parallel._pipeline_plan import (
     stage_units,
 )
 from accel_parallel._registry import StrategyRequest, register_strategy
-from accel_parallel._strategy import ProcessInfo, Strategy
+from accel_parallel._strategy import ProcessInfo, Strategy, prepared_with
 from accel_parallel._tp import apply_tensor_parallel
 from accel_parallel.checkpoint import _dcp
 from accel_parallel.checkpoint._layout import pipeline_folder
@@ -69,7 +69,7 @@ class PipelinedModel(nn.Module):
         return self._strategy.run(self, args, kwargs)
 
 
-class PipelineStrategy(Strategy):
+class PipelineStrategy(OnMeshView, Strategy):
     """Pipeline stages over ``pp``, with tensor parallel and FSDP2 inside each stage: the
     stages are cut by the plan (`accel_parallel._pipeline_plan`, or the transformers adapter
     `accel_parallel._pipeline_hf`), and each rank applies `apply_tensor_parallel`,
@@ -101,22 +101,7 @@ class PipelineStrategy(Strategy):
         self._optimizer_models: dict[int, nn.Module] = {}
         self._writer = _dcp.DCPWriter()
 
-    # -- the mesh ------------------------------------------------------------------------------
-    @property
-    def device_mesh(self) -> Any:
-        return self.layout.device_mesh
-
-    @property
-    def data_parallel_size(self) -> int:
-        return self.layout.data_parallel_size
-
-    @property
-    def data_parallel_rank(self) -> int:
-        return self.layout.data_parallel_rank
-
-    def data_parallel_group(self) -> Any:
-        return self.layout.data_parallel_group()
-
+    # -- the mesh (the rest from OnMeshView) ---------------------------------------------------
     def _pp(self) -> Any:
         return self.layout.sub_mesh("pp")
 
@@ -197,13 +182,7 @@ class PipelineStrategy(Strategy):
         return inner.module if isinstance(inner, PipelinedModel) else inner
 
     def _model_for(self, optimizer: torch.optim.Optimizer, model: nn.Module | None) -> nn.Module:
-        model = model or self._optimizer_models.get(id(optimizer))
-        if model is None:
-            raise ValueError(
-                "This optimizer was not prepared together with a pipelined model: pass the "
-                "model and its optimizer to the same prepare() call."
-            )
-        return model
+        return prepared_with(self._optimizer_models, optimizer, model, "a pipelined model")
 
     def optimizer_model(
         self, optimizer: torch.optim.Optimizer, model: nn.Module | None

@@ -379,6 +379,23 @@ class Strategy:
         return _dcp.load_sharded_optimizer(trained, optimizer, path)
 
 
+def prepared_with(
+    models: dict[int, nn.Module],
+    optimizer: torch.optim.Optimizer,
+    model: nn.Module | None,
+    kind: str,
+) -> nn.Module:
+    """The model `optimizer` trains: `model` when given, else the one prepared with it
+    (`models`, keyed by the optimizer's id); a clear error naming `kind` when there is none."""
+    model = model or models.get(id(optimizer))
+    if model is None:
+        raise ValueError(
+            f"This optimizer was not prepared together with {kind}: pass the model and its "
+            f"optimizer to the same prepare() call."
+        )
+    return model
+
+
 def load_torch_file(path: Path) -> Any:
     """A checkpoint file of tensors and plain values, on the CPU."""
     return torch.load(path, map_location="cpu", weights_only=True)
