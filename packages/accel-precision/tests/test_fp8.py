@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 
 import pytest
@@ -29,11 +28,6 @@ from accel_precision import (
 )
 
 _EMULATED = AORecipeKwargs(emulate=True, min_features=16)
-
-
-needs_torchao = pytest.mark.skipif(
-    importlib.util.find_spec("torchao") is None, reason="needs torchao (accel-precision[ao])"
-)
 
 
 def _no_module(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
@@ -154,7 +148,7 @@ def test_ao_conversion_honours_accelerate_config_and_filter():
     assert model.mid.config is config
 
 
-@needs_torchao
+@pytest.mark.needs("torchao")
 def test_ao_default_threshold_converts_layers_large_enough_to_gain():
     model = nn.Sequential(
         nn.Linear(64, 1024), nn.Linear(1024, 1024), nn.Linear(1024, 512), nn.Linear(512, 64)
@@ -173,7 +167,7 @@ def test_accelerate_form_skips_first_and_last_with_no_size_threshold():
     assert _converted(mine) == {"0"}  # the caller's filter replaces the rule
 
 
-@needs_torchao
+@pytest.mark.needs("torchao")
 def test_ao_conversion_keeps_the_parameters():
     model = _Stack()
     params = dict(model.named_parameters())
@@ -222,7 +216,7 @@ def _train(precision, steps: int = 12) -> tuple[list[float], torch.Tensor]:
     return losses, first
 
 
-@needs_torchao
+@pytest.mark.needs("torchao")
 def test_emulated_ao_fp8_trains_and_stays_close_to_bf16():
     p = make_precision("fp8", device_type="cpu", fp8_kwargs=_EMULATED)
     assert isinstance(p, FP8Precision) and p.backend == "ao" and p.dtype == torch.bfloat16
@@ -237,7 +231,7 @@ def test_emulated_ao_fp8_trains_and_stays_close_to_bf16():
     assert not torch.equal(fp8_out, bf16_out)  # the fp8 layers really ran
 
 
-@needs_torchao
+@pytest.mark.needs("torchao")
 def test_emulated_ao_fp8_converts_the_inner_layers_of_a_block():
     p = make_precision("fp8", device_type="cpu", fp8_kwargs=_EMULATED)
     model = p.convert_module(_Block())

@@ -250,9 +250,9 @@ def _sharded_worker() -> dict:
         dist.destroy_process_group()
 
 
+@pytest.mark.needs("accel_state")  # its spawner; accel-precision alone does not have it
 def test_sharded_scaler_skips_on_every_rank_when_one_rank_overflows():
-    # the spawner is accel-state's, which accel-precision does not depend on: installed alone
-    # (.ci/run), this one test skips; the workspace's run has it
-    testing = pytest.importorskip("accel_state.testing", reason="spawns with accel-state's helper")
-    out = testing.run_distributed(_sharded_worker, world_size=2, timeout=120)
+    from accel_state.testing import run_distributed
+
+    out = run_distributed(_sharded_worker, world_size=2, timeout=120)
     assert out == [{"stepped": [False, True], "scale": 32.0}] * 2
