@@ -236,11 +236,10 @@ def run_case(case: str, folder: str, dim: int, layers: int, cpu_budget: int) -> 
     if offload:
         shutil.rmtree(offload, ignore_errors=True)
     out = {"seconds": seconds, "load": loaded, "cpu": cpu, "rss_bytes": peak_rss() - base}
-    if case.startswith("accel"):  # the fault-in shape the load measured (none when warm)
-        try:
-            from accel_bigmodel._read_shape import chosen_shapes
-        except ImportError:  # an accel-bigmodel from before the shape was measured
-            chosen_shapes = dict
+    if case.startswith("accel") and not case.startswith("accelerate"):  # the fault-in shape
+        # the load measured (none when warm)
+        from accel_bigmodel._read_shape import chosen_shapes
+
         out["shapes"] = [f"{t}x{c >> 20}" for t, c in chosen_shapes().values()]
     return out
 
