@@ -107,11 +107,11 @@ def test_set_module_tensor_to_device_reuses_a_tied_weight_already_placed() -> No
     assert list(tied[shared.data_ptr()]) == ["meta"]
 
 
-def test_set_module_tensor_to_device_refuses_bitsandbytes_statistics() -> None:
+def test_set_module_tensor_to_device_refuses_statistics_for_a_plain_weight() -> None:
     from accel_bigmodel import set_module_tensor_to_device
 
     model = torch.nn.Linear(2, 2)
-    with pytest.raises(NotImplementedError, match="fp16_statistics=None"):
+    with pytest.raises(ValueError, match=r"'weight', a Parameter.*\(Int8Params\) only"):
         set_module_tensor_to_device(
             model, "weight", "cpu", value=torch.zeros(2, 2), fp16_statistics=torch.zeros(2)
         )

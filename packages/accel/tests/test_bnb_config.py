@@ -1,4 +1,5 @@
-"""BnbQuantizationConfig builds and validates like accelerate's; quantizing still refuses."""
+"""BnbQuantizationConfig builds and validates like accelerate's; accelerate's paths serve accel's
+quantized loading (accel_bigmodel.quantization, tested there)."""
 
 import warnings
 
@@ -59,6 +60,10 @@ def test_int8_threshold_with_4bit_warns():
         BnbQuantizationConfig(load_in_8bit=True, llm_int8_threshold=3)
 
 
-def test_quantizing_still_refuses():
-    with pytest.raises(NotImplementedError, match="bitsandbytes"):
-        load_and_quantize_model(torch.nn.Linear(1, 1), BnbQuantizationConfig(load_in_8bit=True))
+def test_familiar_paths_serve_accel_bigmodel_quantization():
+    import accel.utils.bnb as bnb_path
+    from accel_bigmodel import quantization
+
+    assert load_and_quantize_model is quantization.load_and_quantize_model
+    for name in quantization.__all__:
+        assert getattr(bnb_path, name) is getattr(quantization, name), name

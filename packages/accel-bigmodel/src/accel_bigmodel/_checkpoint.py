@@ -163,12 +163,26 @@ def load_checkpoint_in_model(
                 f"The device_map sends {disk[:10]} to 'disk' but no offload_folder was given; "
                 f"pass offload_folder='some/folder'."
             )
-    safetensors = [f for f in files if f.endswith(".safetensors")]
-    others = [f for f in files if not f.endswith(".safetensors")]
-    _check_reader_serves(reader, others)
     placer = Placer(
         model, device_map, offload_folder, dtype, offload_buffers, list(keep_in_fp32_modules or ())
     )
+    return load_with_placer(placer, os.fspath(checkpoint), files, reader, show_progress, strict)
+
+
+def load_with_placer(
+    placer: Placer,
+    checkpoint: str,
+    files: list[str],
+    reader: CheckpointReader,
+    show_progress: bool | None,
+    strict: bool,
+) -> LoadResult:
+    """Feed every tensor of `files` to `placer` with `reader`; what `load_checkpoint_in_model`
+    does once the arguments are checked (a quantized load passes its own Placer)."""
+    model, offload_folder = placer.model, placer.offload_folder
+    safetensors = [f for f in files if f.endswith(".safetensors")]
+    others = [f for f in files if not f.endswith(".safetensors")]
+    _check_reader_serves(reader, others)
     progress = Progress(len(files), "Loading checkpoint shards", show_progress)
     if reader.backend in ("auto", "accel") and safetensors:
         others = load_accel(placer, safetensors, reader, progress) + others
@@ -186,7 +200,7 @@ def load_checkpoint_in_model(
         save_offload_index(placer.index, offload_folder)
     if reader.backend != "mmap":
         warm_page_cache(_within_free_memory(placer.warm_ranges()))
-    return _finish(model, os.fspath(checkpoint), placer.missing(), placer.unexpected, strict)
+    return _finish(model, checkpoint, placer.missing(), placer.unexpected, strict)
 
 
 def _check_reader_serves(reader: CheckpointReader, others: list[str]) -> None:

@@ -16,6 +16,14 @@ import torch
 from torch import nn
 
 from accel_bigmodel._offload import PrefixedDataset
+from accel_bigmodel._quant_params import (
+    INT8_LINEAR,
+    empty_meta,
+    is_quantized_param,
+    rebuild,
+    release_int8_state,
+    stats_keys,
+)
 
 
 class ModelHook:
@@ -211,6 +219,8 @@ class AlignDevicesHook(ModelHook):
         self.input_device: torch.device | None = None
         self.prefetcher = None  # set by a Prefetcher when weights are fetched ahead on CUDA
         self._slots: list[tuple[str, list[tuple[dict, str]], torch.Tensor]] = []
+        self._stats: dict[str, list[str]] = {}  # quantized weight -> keys of its statistics
+        self._int8_layers: list[nn.Module] = []
 
     def __repr__(self) -> str:
         return (
@@ -251,6 +261,9 @@ class AlignDevicesHook(ModelHook):
             known = shared.get(id(current))
             if known is not None and known[0]() is current:
                 meta = known[1]
+            elif is_quantized_param(current):
+                meta = empty_meta(current)
+                shared[id(current)] = (weakref.ref(current), meta)
             else:
                 meta = current.to("meta")
                 if isinstance(current, nn.Parameter):
@@ -259,12 +272,27 @@ class AlignDevicesHook(ModelHook):
             for s, a in places:
                 s[a] = meta
             self._slots.append((name, places, meta))
+        self._find_quantized(module)
         if not self.offload_buffers and device is not None:
             for sub in module.modules() if self.place_submodules else [module]:
                 for attr, buf in sub._buffers.items():
                     if buf is not None and buf.device.type != "meta":
                         sub._buffers[attr] = buf.to(device)
         return module
+
+    def _find_quantized(self, module: nn.Module) -> None:
+        """Note the quantized weights among the slots, with the keys of their statistics."""
+        quantized = [(n, m) for n, _, m in self._slots if is_quantized_param(m)]
+        keys = list(self.weights_map) if quantized else []
+        self._stats = {n: stats_keys(n, m, keys) for n, m in quantized}
+        subs = module.modules() if self.place_submodules else [module]
+        self._int8_layers = (
+            [s for s in subs if type(s).__name__ == INT8_LINEAR] if quantized else []
+        )
+
+    def _quantized(self, name: str, meta: nn.Parameter, value: torch.Tensor) -> nn.Parameter:
+        stats = {k: self.weights_map[k].to(value.device) for k in self._stats[name]}
+        return rebuild(meta, name, value, stats)
 
     def load_weights(self) -> dict[str, torch.Tensor]:
         """The block's weights on the execution device (read from `weights_map`)."""
@@ -282,7 +310,9 @@ class AlignDevicesHook(ModelHook):
             values = self.prefetcher.take(self) if self.prefetcher else self.load_weights()
             for name, places, meta in self._slots:
                 value = values[name]
-                if isinstance(meta, nn.Parameter):
+                if name in self._stats:
+                    value = self._quantized(name, meta, value)
+                elif isinstance(meta, nn.Parameter):
                     value = nn.Parameter(value, requires_grad=meta.requires_grad)
                 for store, attr in places:
                     store[attr] = value
@@ -296,6 +326,7 @@ class AlignDevicesHook(ModelHook):
             for _, places, meta in self._slots:
                 for store, attr in places:
                     store[attr] = meta
+            release_int8_state(self._int8_layers)
         if self.io_same_device and self.input_device is not None:
             output = send_to_device(output, self.input_device, skip_keys=self.skip_keys)
         return output
@@ -305,7 +336,9 @@ class AlignDevicesHook(ModelHook):
         if self.offload:
             for name, places, meta in self._slots:
                 value = self.weights_map[name].to("cpu")
-                if isinstance(meta, nn.Parameter):
+                if name in self._stats:
+                    value = self._quantized(name, meta, value)
+                elif isinstance(meta, nn.Parameter):
                     value = nn.Parameter(value, requires_grad=meta.requires_grad)
                 for store, attr in places:
                     store[attr] = value

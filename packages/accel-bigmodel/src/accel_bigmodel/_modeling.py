@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from accel_bigmodel._quant_params import is_quantized_param
+
 ENV_INIT_INCLUDE_BUFFERS = ("ACCEL_INIT_INCLUDE_BUFFERS", "ACCELERATE_INIT_INCLUDE_BUFFERS")
 """Variables giving `include_buffers` its default when it is None ("1", "true", "yes", "on")."""
 
@@ -123,13 +125,9 @@ def set_module_tensor_to_device(
     `tied_params_map` ({data_ptr: {device: tensor}}, keys made by the caller for tied weights):
     a tensor already placed on `device` for the same data is reused, not copied again, and a
     new placement is recorded. `clear_cache` frees the CUDA cache when a CUDA tensor is
-    replaced. `fp16_statistics` (bitsandbytes 8-bit serialization) is refused.
+    replaced. `fp16_statistics`: the row scales (SCB) of a bitsandbytes 8-bit weight whose
+    int8 data is `value`; they go with it to `device`.
     """
-    if fp16_statistics is not None:
-        raise NotImplementedError(
-            "fp16_statistics belongs to bitsandbytes 8-bit weights, which accel does not load; "
-            "pass fp16_statistics=None (load the model unquantized, or quantize it with torchao)."
-        )
     owner_name, _, name = tensor_name.rpartition(".")
     owner = get_module(module, owner_name)
     if name not in owner._parameters and name not in owner._buffers:
@@ -142,10 +140,23 @@ def set_module_tensor_to_device(
         return
     _place(owner, name, is_param, old, tensor_name, device, value, dtype, non_blocking)
     placed = owner._parameters[name] if is_param else owner._buffers[name]
+    if fp16_statistics is not None:
+        _attach_statistics(placed, tensor_name, fp16_statistics)
     if tie is not None:
         tied_params_map[tie][device] = placed
     if clear_cache and old is not None and old.device.type == "cuda" and placed is not old:
         torch.cuda.empty_cache()
+
+
+def _attach_statistics(placed: torch.Tensor, tensor_name: str, statistics: torch.Tensor) -> None:
+    """Give a bitsandbytes 8-bit weight its row scales, as accelerate does."""
+    if type(placed).__name__ != "Int8Params":
+        raise ValueError(
+            f"fp16_statistics were given for {tensor_name!r}, a {type(placed).__name__}; they "
+            f"are the row scales of a bitsandbytes 8-bit weight (Int8Params) only."
+        )
+    placed.SCB = statistics.to(placed.device)
+    placed.CB = placed.data
 
 
 def _tie_key(tied_params_map: dict | None, value: Any, old: torch.Tensor | None) -> int | None:
@@ -193,7 +204,8 @@ def _place(
                 f'Trying to set a tensor of shape {value.shape} in "{name}" (which has shape '
                 f"{old.shape}), this looks incorrect."
             )
-        if dtype is None and old is not None:
+        quantized = is_quantized_param(old) and _keeps_dtype(value)  # stored int8 / packed data
+        if dtype is None and old is not None and not quantized:
             value = value.to(old.dtype, non_blocking=non_blocking)
         elif dtype is not None and not _keeps_dtype(value):
             value = value.to(dtype, non_blocking=non_blocking)

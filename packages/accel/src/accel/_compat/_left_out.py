@@ -1,7 +1,6 @@
 """The names of features accel leaves out, each defined once: importable, failing on use."""
 
 from accel._compat._unsupported import (
-    BNB,
     DEEPSPEED,
     FP8_INTERNAL,
     FSDP_INTERNAL,
@@ -43,9 +42,7 @@ fsdp2_load_full_state_dict = unsupported("fsdp2_load_full_state_dict", *FSDP_INT
 fsdp2_prepare_model = unsupported("fsdp2_prepare_model", *FSDP_INTERNAL)
 fsdp2_switch_optimizer_parameters = unsupported("fsdp2_switch_optimizer_parameters", *FSDP_INTERNAL)
 get_fsdp2_grad_scaler = unsupported("get_fsdp2_grad_scaler", *FSDP_INTERNAL)
-has_4bit_bnb_layers = unsupported("has_4bit_bnb_layers", *BNB)
 install_xla = unsupported("install_xla", *TPU)
-load_and_quantize_model = unsupported("load_and_quantize_model", *BNB)
 prepare_deepspeed_cmd_env = unsupported("prepare_deepspeed_cmd_env", *DEEPSPEED)
 prepare_sagemager_args_inputs = unsupported("prepare_sagemager_args_inputs", *SAGEMAKER)
 prepare_tpu = unsupported("prepare_tpu", *TPU)
@@ -76,9 +73,3 @@ MODEL_CONFIGS_TO_MEGATRON_PARSERS = {
     "llama": parse_llama_config,
     "glm4_moe": parse_glm4_moe_config,
 }
-
-# bitsandbytes model conversion.
-get_keys_to_not_convert = unsupported("get_keys_to_not_convert", *BNB)
-get_quantized_model_device_map = unsupported("get_quantized_model_device_map", *BNB)
-quantize_and_offload_8bit = unsupported("quantize_and_offload_8bit", *BNB)
-replace_with_bnb_layers = unsupported("replace_with_bnb_layers", *BNB)

@@ -6,7 +6,6 @@ from accel._accelerator import (
     ProjectConfiguration,
     TorchDynamoPlugin,
 )
-from accel._compat._bnb_config import BnbQuantizationConfig
 from accel._compat._commands import write_basic_config
 from accel._compat._constants import (
     MITA_PROFILING_AVAILABLE_PYTORCH_VERSION,
@@ -132,9 +131,7 @@ from accel._compat._left_out import (
     fsdp2_prepare_model,
     fsdp2_switch_optimizer_parameters,
     get_fsdp2_grad_scaler,
-    has_4bit_bnb_layers,
     install_xla,
-    load_and_quantize_model,
     prepare_deepspeed_cmd_env,
     prepare_sagemager_args_inputs,
     prepare_tpu,
@@ -232,6 +229,11 @@ from accel_bigmodel import (
     retie_parameters,
     save_offload_index,
     set_module_tensor_to_device,
+)
+from accel_bigmodel.quantization import (
+    BnbQuantizationConfig,
+    has_4bit_bnb_layers,
+    load_and_quantize_model,
 )
 from accel_cli.familiar import (
     ComputeEnvironment,

@@ -1,19 +1,9 @@
 """Familiar path `accelerate.utils.bnb`: re-exports from the packages that own the code."""
 
-from accel._compat._bnb_config import BnbQuantizationConfig
 from accel._compat._imports import (
     is_4bit_bnb_available,
     is_8bit_bnb_available,
 )
-from accel._compat._left_out import (
-    get_keys_to_not_convert,
-    get_quantized_model_device_map,
-    has_4bit_bnb_layers,
-    load_and_quantize_model,
-    quantize_and_offload_8bit,
-    replace_with_bnb_layers,
-)
-from accel._compat._utils_bnb import get_parameter_device
 from accel_bigmodel import (
     dispatch_model,
     find_tied_parameters,
@@ -23,6 +13,16 @@ from accel_bigmodel import (
     load_checkpoint_in_model,
     offload_weight,
     set_module_tensor_to_device,
+)
+from accel_bigmodel.quantization import (
+    BnbQuantizationConfig,
+    get_keys_to_not_convert,
+    get_parameter_device,
+    get_quantized_model_device_map,
+    has_4bit_bnb_layers,
+    load_and_quantize_model,
+    quantize_and_offload_8bit,
+    replace_with_bnb_layers,
 )
 
 __all__ = [

@@ -6,7 +6,6 @@ from accel._accelerator import (
     ProjectConfiguration,
     TorchDynamoPlugin,
 )
-from accel._compat._bnb_config import BnbQuantizationConfig
 from accel._compat._constants import (
     BETA_CP_AVAILABLE_PYTORCH_VERSION,
     BETA_TP_AVAILABLE_PYTORCH_VERSION,
@@ -54,6 +53,7 @@ from accel._compat._versions import (
     compare_versions,
     is_torch_version,
 )
+from accel_bigmodel.quantization import BnbQuantizationConfig
 from accel_cli.familiar import ComputeEnvironment
 from accel_data import DataLoaderConfiguration
 from accel_parallel import (
