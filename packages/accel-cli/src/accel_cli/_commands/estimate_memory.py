@@ -41,6 +41,35 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     add_flag(p, "batch_size", type=int, metavar="N", help="Per-process batch for activations.")
     add_flag(p, "seq_len", type=int, metavar="N", help="Sequence length for activations.")
     p.add_argument("--json", action="store_true", help="Print one JSON object instead.")
+    train = p.add_argument_group(
+        "training step (--train, --plan)",
+        "Trace one forward, backward and optimizer step under fake tensors (nothing is "
+        "allocated) with each engine applied; needs accel-parallel (and transformers for a "
+        "config.json folder).",
+    )
+    train.add_argument("--train", action="store_true", help="Per-device peak per engine.")
+    train.add_argument(
+        "--plan", action="store_true", help="Configurations that fit --device_memory, best first."
+    )
+    add_flag(
+        train,
+        "engines",
+        nargs="+",
+        choices=["ddp", "fsdp2", "zero1", "zero2", "zero3"],
+        help="Engines to estimate (default: all).",
+    )
+    add_flag(train, "device_memory", metavar="SIZE", help="Memory per device, e.g. 80GiB.")
+    add_flag(train, "mixed_precision", choices=["no", "bf16", "fp16"], help="Autocast (no).")
+    add_flag(train, "optimizer", help="adamw (default), adam, sgd, adagrad or rmsprop.")
+    add_flag(
+        train,
+        "activation_checkpointing",
+        action="store_const",
+        const=True,
+        help="Recompute each block's activations in backward (--train).",
+    )
+    add_flag(train, "margin", type=float, help="Headroom --plan keeps (default 0.1).")
+    add_flag(train, "plan_file", metavar="PATH", help="--plan's output (accel_plan.yaml).")
     return p
 
 
@@ -53,6 +82,10 @@ def run(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ConfigError(f"--{name} {value}: expected at least 1.")
+    if args.train or args.plan:
+        from accel_cli import _estimate_train
+
+        return _estimate_train.run(args)
     shape = load_shape(args.model_name, os.environ)
     dtypes = list(dict.fromkeys(args.dtypes))
     report = _estimate.estimate(

@@ -1,0 +1,119 @@
+"""`accel estimate-memory --train` and `--plan`: the JSON rows, and a plan's configuration
+launched on 2 gloo processes, whose measured peak stays under the memory given.
+
+The launched script measures its peak with `accel_testkit.memory.measured_peak` (the CPU
+allocator's live bytes from torch's profiler memory events, from the first step on).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import textwrap
+
+import pytest
+
+from accel_testkit.launch import accel_command, launch_command, worker_env
+
+FACTORY = """
+import functools
+from accel_testkit.models import Stack
+mlp = functools.partial(Stack, width=256, depth=4, hidden=1024, in_features=256, out_features=256)
+"""
+
+TRAIN = """
+import json
+import torch
+from accel import Accelerator
+from accel_testkit.memory import measured_peak
+from plan_models import mlp
+
+accelerator = Accelerator()
+engine = []
+
+def build():
+    torch.manual_seed(0)
+    model = mlp()
+    model, opt = accelerator.prepare(model, torch.optim.AdamW(model.parameters()))
+    engine.append(type(model).__name__)
+    return model, opt, torch.randn(256, 256)
+
+def steps(state):
+    model, opt, x = state
+    for _ in range(2):
+        accelerator.backward(model(x).float().mean())
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+peak = measured_peak(build, steps)
+print("PEAK", json.dumps({"rank": accelerator.process_index, "peak": peak, "engine": engine[0]}))
+"""
+
+LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 512,
+    "hidden_size": 128, "intermediate_size": 344, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
+}  # fmt: skip
+
+
+def _accel(*argv: object, cwd: object = None) -> subprocess.CompletedProcess:
+    env = worker_env(PYTHONPATH=str(cwd)) if cwd else worker_env()
+    return subprocess.run(
+        accel_command(*argv), env=env, cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.mark.needs("transformers")
+def test_train_json_rows_from_config_folder(tmp_path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA))
+    proc = _accel("estimate-memory", tmp_path, "--train", "--json", "--batch_size", 2,
+                  "--seq_len", 16, "--num_processes", 2, "--engines", "ddp", "fsdp2", "zero3")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert {r["engine"] for r in rows} == {"ddp", "fsdp2", "zero3"}
+    parts = ("weights", "gradients", "optimizer_states", "activations", "temporaries",
+             "communication")  # fmt: skip
+    for row in rows:
+        assert row["peak_bytes"] == sum(row[f"{p}_bytes"] for p in parts) > 0
+        assert row["world_size"] == 2 and row["method"]
+    text = _accel("estimate-memory", tmp_path, "--train", "--engines", "fsdp2", "--seq_len", 16)
+    assert text.returncode == 0, text.stderr
+    assert "fsdp2+offload" in text.stdout and "peak MiB" in text.stdout
+
+
+def test_plan_needs_device_memory_and_reports_nothing_fits(tmp_path) -> None:
+    (tmp_path / "plan_models.py").write_text(FACTORY)
+    proc = _accel("estimate-memory", "plan_models:mlp", "--plan", cwd=tmp_path)
+    assert proc.returncode != 0 and "--plan needs --device_memory" in proc.stderr
+    proc = _accel("estimate-memory", "plan_models:mlp", "--plan", "--device_memory", "1MiB",
+                  "--engines", "ddp", cwd=tmp_path)  # fmt: skip
+    assert proc.returncode != 0 and "no configuration fits 1.0 MiB" in proc.stderr
+    proc = _accel("estimate-memory", "plan_models:mlp", "--train", "--device_memory", "9 parsecs",
+                  cwd=tmp_path)  # fmt: skip
+    assert proc.returncode != 0 and "'9 parsecs'" in proc.stderr
+
+
+def test_plan_config_runs_on_two_processes_under_the_memory(tmp_path) -> None:
+    (tmp_path / "plan_models.py").write_text(FACTORY)
+    (tmp_path / "train.py").write_text(textwrap.dedent(TRAIN))
+    memory = 44 * 2**20  # below DDP's peak for this model and batch (about 45 MiB per process)
+    proc = _accel("estimate-memory", "plan_models:mlp", "--plan", "--engines", "ddp", "fsdp2",
+                  "--batch_size", 256, "--num_processes", 2, "--device_memory", memory,
+                  "--json", cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    best = plan["plan"][0]
+    assert best["engine"] == "fsdp2" and best["peak_bytes"] <= 0.9 * memory
+    config = tmp_path / "accel_plan.yaml"
+    assert config.is_file()
+    run = subprocess.run(
+        launch_command("--config_file", config, "train.py", num_processes=None),
+        env=worker_env(PYTHONPATH=str(tmp_path)), cwd=tmp_path,
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    peaks = [json.loads(line[5:]) for line in run.stdout.splitlines() if line.startswith("PEAK ")]
+    assert sorted(p["rank"] for p in peaks) == [0, 1]
+    for p in peaks:
+        assert p["engine"].startswith("FSDP"), p
+        assert p["peak"] < memory, (p, memory)

@@ -1,0 +1,313 @@
+"""One training step of the real model under fake tensors, with torch's memory trackers.
+
+The model is built (or copied) under `FakeTensorMode`, so parameters, activations and
+optimizer states have sizes but no storage; FSDP2 is applied as accel's FSDP2 strategy applies
+it, over a fake process group of the requested world size in this one process. Two steps
+run (the first creates the optimizer states); the peak of both, per category, is what
+`MemTracker` (plain model) or `FSDPMemTracker` (FSDP2) saw.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+ModelSource = nn.Module | Callable[[], nn.Module]
+BatchFn = Callable[[nn.Module], Any]
+
+CATEGORIES = (
+    "weights",
+    "gradients",
+    "optimizer_states",
+    "activations",
+    "temporaries",
+    "communication",
+)
+
+# torch's tracker categories (the enum values) -> ours
+CATEGORY_OF = {
+    "Parameter": "weights",
+    "Sharded Param": "weights",
+    "Unsharded Param": "weights",
+    "Buffer": "weights",
+    "Gradient": "gradients",
+    "Sharded Grad": "gradients",
+    "Unsharded Grad": "gradients",
+    "Optstate": "optimizer_states",
+    "OptState": "optimizer_states",
+    "Activation": "activations",
+    "Inputs": "activations",
+    "Other": "activations",  # the batch, tracked as external
+    "Temp": "temporaries",
+    "All Gather": "communication",
+    "Reduce Scatter": "communication",
+}
+
+OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "adamw": torch.optim.AdamW,
+    "adam": torch.optim.Adam,
+    "sgd": lambda params: torch.optim.SGD(params, lr=1e-3, momentum=0.9),
+    "adagrad": torch.optim.Adagrad,
+    "rmsprop": torch.optim.RMSprop,
+}
+AUTOCAST = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class TraceError(RuntimeError):
+    """The step could not run under fake tensors; `module` is where it stopped."""
+
+    def __init__(self, module: str, cause: BaseException) -> None:
+        super().__init__(f"{module}: {type(cause).__name__}: {cause}")
+        self.module = module
+        self.cause = cause
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """What the engine rules need from a model (before any cast): bytes of all parameters and
+    of those that train, the largest FSDP unit's parameter bytes, and the element counts."""
+
+    param_bytes: int
+    trained_bytes: int
+    largest_unit_bytes: int
+    numel: int
+    trained_numel: int = 0
+
+
+def optimizer_factory(name: str) -> Callable[..., torch.optim.Optimizer]:
+    try:
+        return OPTIMIZERS[name.lower()]
+    except KeyError:
+        raise ValueError(
+            f"optimizer={name!r}: expected one of {sorted(OPTIMIZERS)}; pass another by "
+            "building the estimate from code with a factory that returns it."
+        ) from None
+
+
+def check_precision(mixed_precision: str) -> None:
+    if mixed_precision not in AUTOCAST:
+        raise ValueError(
+            f"mixed_precision={mixed_precision!r}: expected one of {sorted(AUTOCAST)}; fp8 is "
+            "not estimated (bf16 gives an upper bound for it)."
+        )
+
+
+def template(source: ModelSource) -> nn.Module:
+    """The model to copy: a factory's, built on the meta device (nothing allocated), or the
+    module given."""
+    if isinstance(source, nn.Module):
+        return source
+    with torch.device("meta"):
+        model = source()
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"the model factory returned {type(model).__name__}, not an nn.Module.")
+    return model
+
+
+def fake_model(model: nn.Module, mode: Any, dtype: torch.dtype | None = None) -> nn.Module:
+    """A copy of `model` whose parameters and buffers are fake CPU tensors of the same shapes
+    (floating ones cast to `dtype` when given); nothing is allocated."""
+    memo: dict[int, Any] = {}
+    for t in [*model.parameters(), *model.buffers()]:
+        kind = dtype if dtype is not None and t.is_floating_point() else t.dtype
+        with mode:
+            fake = torch.empty(t.shape, dtype=kind, device="cpu")
+        memo[id(t)] = nn.Parameter(fake, t.requires_grad) if isinstance(t, nn.Parameter) else fake
+    with mode:
+        return copy.deepcopy(model, memo)
+
+
+def faked(batch: Any, mode: Any) -> Any:
+    """`batch` with each real tensor replaced by a fake one of its shape (nothing copied)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def fake(t: Any) -> Any:
+        if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor):
+            return mode.from_tensor(t, static_shapes=True)
+        return t
+
+    return torch.utils._pytree.tree_map(fake, batch)
+
+
+def default_batch(model: nn.Module, batch_size: int, seq_len: int | None) -> dict[str, Any]:
+    """An example batch from the model's first input layer: token ids (with labels, so a
+    transformers model computes its loss) for a model with `config.vocab_size` or an
+    embedding first; random features for a model that starts with a Linear."""
+    cfg = getattr(model, "config", None)
+    first = next((m for m in model.modules() if isinstance(m, nn.Embedding | nn.Linear)), None)
+    vocab = getattr(cfg, "vocab_size", None) or (
+        first.num_embeddings if isinstance(first, nn.Embedding) else None
+    )
+    if vocab:
+        ids = torch.randint(0, int(vocab), (batch_size, seq_len or 1))
+        return {"input_ids": ids, "labels": ids} if cfg is not None else {"args": (ids,)}
+    if isinstance(first, nn.Linear):
+        shape = (
+            (batch_size, seq_len, first.in_features) if seq_len else (batch_size, first.in_features)
+        )
+        return {"args": (torch.randn(shape),)}
+    raise ValueError(
+        f"{type(model).__name__}: no example batch can be made (no config.vocab_size, no "
+        "Embedding or Linear input layer); pass batch=callable(model) -> batch."
+    )
+
+
+def loss_of(output: Any) -> torch.Tensor:
+    """The loss a step backpropagates: `output.loss` (transformers), else the output's mean
+    (its first tensor's, for a tuple)."""
+    loss = getattr(output, "loss", None)
+    if loss is not None:
+        return loss
+    if isinstance(output, tuple | list):
+        output = output[0]
+    if isinstance(output, Mapping):
+        output = next(iter(output.values()))
+    return output.float().mean()
+
+
+def call_model(model: nn.Module, batch: Any) -> Any:
+    if isinstance(batch, Mapping):
+        args = batch.get("args", ())
+        kwargs = {k: v for k, v in batch.items() if k != "args"}
+        return model(*args, **kwargs)
+    if isinstance(batch, tuple | list):
+        return model(*batch)
+    return model(batch)
+
+
+def train_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any, mixed_precision: str
+) -> None:
+    """Forward (under autocast for bf16/fp16), backward, optimizer step, zero_grad."""
+    dtype = AUTOCAST[mixed_precision]
+    ctx = torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
+    with ctx:
+        loss = loss_of(call_model(model, batch))
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+@contextlib.contextmanager
+def fake_process_group(world_size: int) -> Iterator[None]:
+    """A fake default process group of `world_size` (rank 0) for the duration; refused when a
+    real one is already set up (the estimate then runs in a fresh process)."""
+    import torch.distributed as dist
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers "fake")
+    from torch._C._distributed_c10d import FakeStore
+
+    if dist.is_initialized():
+        raise RuntimeError(
+            "a process group is already initialized in this process; FSDP2 is traced over a "
+            "fake one, so estimate before init_process_group or in a separate process."
+        )
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _where(model: nn.Module) -> Iterator[list[str]]:
+    """The names of the modules whose forward is running (innermost last)."""
+    stack: list[str] = []
+    names = {id(m): n or type(m).__name__ for n, m in model.named_modules()}
+
+    def enter(module: nn.Module, args: Any) -> None:
+        stack.append(names.get(id(module), type(module).__name__))
+
+    def leave(module: nn.Module, args: Any, output: Any) -> None:
+        if stack:
+            stack.pop()
+
+    handles = [
+        nn.modules.module.register_module_forward_pre_hook(enter),
+        nn.modules.module.register_module_forward_hook(leave),
+    ]
+    try:
+        yield stack
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def raw_peak(snapshot: Mapping[Any, Mapping[Any, int]]) -> dict[str, int]:
+    """The tracker's peak snapshot summed over devices, by torch's category names."""
+    out: dict[str, int] = {}
+    for per_device in snapshot.values():
+        for key, nbytes in per_device.items():
+            name = getattr(key, "value", key)
+            if name != "Total":
+                out[name] = out.get(name, 0) + int(nbytes)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Traced:
+    """A traced step by torch's category names: at its peak, and at every moment the tracker
+    recorded (each module's entry, exit and peak in forward and backward, and the peak), where
+    an engine rule that moves categories off the device may find its own peak."""
+
+    peak: dict[str, int]
+    moments: list[dict[str, int]]
+
+
+def run_traced(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Any,
+    mixed_precision: str,
+    fsdp: bool,
+) -> Traced:
+    """Two steps under the tracker (the first makes the optimizer states); what the second
+    recorded. A failure names the module."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tensors = [t for t in torch.utils._pytree.tree_leaves(batch) if isinstance(t, torch.Tensor)]
+    if fsdp:
+        tracker: Any = FSDPMemTracker(model, optimizer)
+        tracker.track_inputs(tuple(tensors))
+    else:
+        tracker = MemTracker()
+        tracker.track_external(model, optimizer, *tensors)
+    with _where(model) as stack:
+        try:
+            for i in range(2):
+                if i:
+                    tracker.reset_mod_stats()
+                with tracker:
+                    train_step(model, optimizer, batch, mixed_precision)
+        except Exception as exc:
+            where = stack[-1] if stack else "(optimizer step or loss)"
+            raise TraceError(where, exc) from exc
+    peak = raw_peak(tracker.get_tracker_snapshot("peak"))
+    moments = [
+        raw_peak(snapshot)
+        for stats in tracker.memory_tracking.values()
+        for snapshots in stats.snapshots.values()
+        for snapshot in snapshots
+    ]
+    return Traced(peak, [peak, *moments])
+
+
+def sizes_of(model: nn.Module, units: list[nn.Module]) -> Sizes:
+    def nbytes(params: Any) -> int:
+        return sum(p.numel() * p.element_size() for p in params)
+
+    params = list(model.parameters())
+    unit_bytes = [nbytes(u.parameters()) for u in units] or [nbytes(params)]
+    return Sizes(
+        param_bytes=nbytes(params),
+        trained_bytes=nbytes(p for p in params if p.requires_grad),
+        largest_unit_bytes=max(unit_bytes),
+        numel=sum(p.numel() for p in params),
+        trained_numel=sum(p.numel() for p in params if p.requires_grad),
+    )

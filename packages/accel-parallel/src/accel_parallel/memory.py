@@ -1,0 +1,357 @@
+"""Training memory per engine, estimated without materializing the model.
+
+`estimate_training_memory` runs one real forward, backward and optimizer step of the model
+(twice, so the optimizer states exist) under fake tensors: FSDP2 is applied as accel's FSDP2
+strategy applies it, over a fake process group of the world size, and torch's memory
+trackers (`torch.distributed._tools`) report the peak per device, broken down into weights,
+gradients, optimizer states, activations (with the batch), temporaries and communication
+buffers; the parts add up to the peak. DDP and ZeRO-1/2/3 are derived from the traced step by
+their engines' rules (see `_memory_engines`; each row's `method` says which). A step that
+cannot run under fake tensors (data-dependent control flow, a custom kernel) falls back to a
+formula, marked "approximate", with the module where tracing stopped.
+
+`plan_training` keeps the configurations that fit a device's memory with a margin, cheapest
+step first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from accel_parallel import _memory_engines as rules
+from accel_parallel import _memory_trace as trace
+
+__all__ = [
+    "ENGINES",
+    "OPTIMIZERS",
+    "MemoryEstimate",
+    "estimate_training_memory",
+    "parse_memory",
+    "plan_training",
+]
+
+ENGINES = ("ddp", "fsdp2", "zero1", "zero2", "zero3")
+_ZERO_NOTE = "ZeRO partitioning applied by the ZeRO stage rules to the traced sizes"
+OPTIMIZERS = tuple(trace.OPTIMIZERS)  # the optimizer names `optimizer=` takes
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MemoryEstimate:
+    """One configuration's per-device peak. `parts` add up to `peak_bytes`; `method` is
+    "traced", "traced + <engine> rules" or "approximate"; `comm_bytes` and `host_bytes` are
+    what one step moves per device over the interconnect and the host link."""
+
+    engine: str
+    world_size: int
+    mixed_precision: str
+    activation_checkpointing: bool
+    offload: bool = False
+    reshard_after_forward: bool | None = None
+    parts: dict[str, int]
+    method: str
+    comm_bytes: int = 0
+    host_bytes: int = 0
+    notes: tuple[str, ...] = ()
+
+    @property
+    def peak_bytes(self) -> int:
+        return sum(self.parts.values())
+
+    @property
+    def step_cost(self) -> float:
+        """Ranking key for a plan: bytes moved per step, more with recomputation."""
+        return rules.step_cost(self.comm_bytes, self.host_bytes, self.activation_checkpointing)
+
+    def label(self) -> str:
+        bits = [self.engine]
+        if self.reshard_after_forward is False:
+            bits.append("no-reshard")
+        if self.offload:
+            bits.append("offload")
+        if self.activation_checkpointing:
+            bits.append("ac")
+        return "+".join(bits)
+
+    def as_row(self) -> dict[str, Any]:
+        """The JSON row: engine, its options, peak_bytes, the breakdown and how it was made."""
+        return {
+            "engine": self.engine,
+            "world_size": self.world_size,
+            "offload": self.offload,
+            "reshard_after_forward": self.reshard_after_forward,
+            "activation_checkpointing": self.activation_checkpointing,
+            "mixed_precision": self.mixed_precision,
+            "peak_bytes": self.peak_bytes,
+            **{f"{k}_bytes": v for k, v in self.parts.items()},
+            "comm_bytes_per_step": self.comm_bytes,
+            "host_bytes_per_step": self.host_bytes,
+            "method": self.method,
+            "notes": list(self.notes),
+        }
+
+
+def parse_memory(value: str | int | float) -> int:
+    """`80GiB`, `24GB`, `512MiB` or a number of bytes -> bytes."""
+    if isinstance(value, int | float):
+        return int(value)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(
+            f"memory {value!r}: expected a number with an optional unit "
+            f"({', '.join(u for u in _UNITS if u)}), e.g. 80GiB."
+        )
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def _check(engines: Iterable[str], world_size: int, parallelism: Any) -> list[str]:
+    engines = list(engines)
+    unknown = [e for e in engines if e not in ENGINES]
+    if unknown:
+        raise ValueError(f"engines {unknown}: expected some of {list(ENGINES)}.")
+    if world_size < 1:
+        raise ValueError(f"world_size={world_size}: expected at least 1.")
+    if parallelism is not None:
+        tp, pp = getattr(parallelism, "tp_size", 1), getattr(parallelism, "pp_size", 1)
+        if tp > 1 or pp > 1:
+            raise NotImplementedError(
+                f"tp_size={tp}, pp_size={pp}: tensor and pipeline degrees are not estimated "
+                "yet; estimate the data-parallel engines (tp_size=pp_size=1)."
+            )
+    return engines
+
+
+class _Tracer:
+    """Runs (and caches) the traced steps one estimate needs."""
+
+    def __init__(self, model: Any, batch: Any, batch_size: int, seq_len: int | None,
+                 optimizer: str, mixed_precision: str, group: Any = None) -> None:  # fmt: skip
+        self.model, self.batch, self.group = model, batch, group
+        self.batch_size, self.seq_len = batch_size, seq_len
+        self.make_optimizer = trace.optimizer_factory(optimizer)
+        self.mixed_precision = mixed_precision
+        self.cache: dict[tuple, tuple[trace.Traced | None, trace.Sizes, str | None]] = {}
+        self._template: nn.Module | None = None
+
+    def template(self) -> nn.Module:
+        """The model built once (on the meta device for a factory), copied for each trace."""
+        if self._template is None:
+            self._template = trace.template(self.model)
+        return self._template
+
+    def run(
+        self, world_size: int | None, ac: bool, reshard: bool = True, cast: bool = False
+    ) -> tuple:
+        """(Traced or None, sizes, failure) for the plain model (world_size None) or FSDP2;
+        with `cast`, the plain model cast to the mixed-precision dtype and run without autocast
+        (as DeepSpeed runs bf16/fp16). The sizes are the model's own, before any cast."""
+        key = (world_size, ac, reshard, cast and self.mixed_precision != "no")
+        if key not in self.cache:
+            self.cache[key] = self._run(*key)
+        return self.cache[key]
+
+    def _run(self, world_size: int | None, ac: bool, reshard: bool, cast: bool) -> tuple:
+        if world_size is None or self.group is not None:
+            return self._trace(world_size, ac, reshard, cast)
+        with trace.fake_process_group(world_size):
+            return self._trace(world_size, ac, reshard, cast)
+
+    def _trace(self, world_size: int | None, ac: bool, reshard: bool, cast: bool) -> tuple:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        from accel_parallel._fsdp import FSDP2Strategy
+        from accel_parallel._fsdp_plugin import FullyShardedDataParallelPlugin
+        from accel_parallel._parallelize import apply_activation_checkpointing, fsdp_units
+        from accel_parallel._strategy import ProcessInfo
+
+        plugin = FullyShardedDataParallelPlugin(
+            reshard_after_forward=reshard, activation_checkpointing=ac
+        )
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        strategy = None
+        if world_size is not None:
+            strategy = FSDP2Strategy(
+                ProcessInfo(torch.device("cpu"), world_size, 0), plugin, self.mixed_precision
+            )
+            if self.group is not None:
+                from torch.distributed.device_mesh import DeviceMesh
+
+                strategy._mesh = DeviceMesh.from_group(self.group, "cpu")
+            strategy._device_mesh()  # made outside fake mode
+        source = self.template()
+        sizes = trace.sizes_of(source, fsdp_units(source, plugin))
+        precision = self.mixed_precision
+        dtype = None
+        if cast and precision != "no":  # as DeepSpeed runs bf16/fp16: no autocast
+            dtype, precision = trace.AUTOCAST[precision], "no"
+        model = trace.fake_model(source, mode, dtype)
+        units = fsdp_units(model, plugin)
+        with mode:
+            if strategy is not None:
+                strategy.shard(model)
+            elif ac:
+                apply_activation_checkpointing(model, units)
+            opt = self.make_optimizer(model.parameters())
+            batch = self.batch(model) if callable(self.batch) else trace.faked(self.batch, mode)
+            if batch is None:
+                batch = trace.default_batch(model, self.batch_size, self.seq_len)
+            try:
+                traced = trace.run_traced(model, opt, batch, precision, strategy is not None)
+            except trace.TraceError as exc:
+                return None, sizes, f"could not trace {exc.module} ({type(exc.cause).__name__})"
+        return traced, sizes, None
+
+
+def _approximate(
+    sizes: trace.Sizes, optimizer: str, failure: str
+) -> tuple[dict[str, int], tuple[str, ...]]:
+    states = {"sgd": 1, "adagrad": 1, "rmsprop": 1}.get(optimizer.lower(), 2)
+    notes = (failure, "approximate: formula for weights, gradients and optimizer states; "
+             "activations not included")  # fmt: skip
+    return rules.formula(sizes, states), notes
+
+
+def estimate_training_memory(
+    model: nn.Module | Callable[[], nn.Module],
+    *,
+    world_size: int = 1,
+    batch_size: int = 1,
+    seq_len: int | None = None,
+    batch: Any = None,
+    engines: Iterable[str] = ENGINES,
+    mixed_precision: str = "no",
+    optimizer: str = "adamw",
+    activation_checkpointing: bool | Iterable[bool] = False,
+    offload: Iterable[bool] = (False, True),
+    reshard_after_forward: Iterable[bool] = (True, False),
+    parallelism: Any = None,
+    group: Any = None,
+) -> list[MemoryEstimate]:
+    """The per-device peak of one training step for each engine and option.
+
+    `model` is a factory (run on the meta device, then faked) or a module (copied with fake
+    tensors; nothing is allocated). `batch` is the example batch (a tensor, a tuple of args, a
+    dict of keyword arguments, or a callable of the faked model that makes one); by default
+    token ids of `batch_size` x `seq_len` (with labels) for a model with a vocabulary, random
+    features for a model that starts with a Linear. The loss is the output's `.loss`, else
+    its mean. FSDP2 is traced over a fake process group made here, or, where a process
+    group is already initialized, over `group`: one made by every rank with
+    ``torch.distributed.new_group(backend="fake")``, of `world_size` ranks.
+    """
+    engines = _check(engines, world_size, parallelism)
+    trace.check_precision(mixed_precision)
+    acs = (
+        [activation_checkpointing]
+        if isinstance(activation_checkpointing, bool)
+        else list(activation_checkpointing)
+    )
+    if group is not None and group.size() != world_size:
+        raise ValueError(
+            f"group has {group.size()} ranks, world_size={world_size}: make them equal."
+        )
+    tracer = _Tracer(model, batch, batch_size, seq_len, optimizer, mixed_precision, group)
+    common = {"world_size": world_size, "mixed_precision": mixed_precision}
+    out: list[MemoryEstimate] = []
+    for ac in acs:
+        if any(e != "fsdp2" for e in engines):
+            out.extend(_derived_rows(tracer, engines, ac, offload, optimizer, common))
+        if "fsdp2" in engines:
+            for reshard in reshard_after_forward:
+                out.extend(_fsdp2_rows(tracer, ac, reshard, offload, optimizer, common))
+    return out
+
+
+def _derived_rows(tracer: _Tracer, engines: list[str], ac: bool, offload: Iterable[bool],
+                  optimizer: str, common: dict) -> list[MemoryEstimate]:  # fmt: skip
+    """DDP and ZeRO rows: the plain model's traced step, with the engines' rules."""
+    world_size, precision = common["world_size"], common["mixed_precision"]
+    rows = []
+    for engine in engines:
+        if engine == "fsdp2":
+            continue
+        # DDP runs the model under autocast; DeepSpeed casts it to the bf16/fp16 dtype
+        traced, sizes, failure = tracer.run(None, ac, cast=engine != "ddp")
+        if traced is None:
+            base, notes = _approximate(sizes, optimizer, failure)
+            moments = [base]
+        else:
+            base, notes = rules.by_category(traced.peak, trace.CATEGORY_OF), ()
+            moments = [rules.by_category(m, trace.CATEGORY_OF) for m in traced.moments]
+        method = "traced" if traced is not None else "approximate"
+        if engine == "ddp":
+            parts, comm, note = rules.ddp(base, sizes, world_size)
+            rows.append(MemoryEstimate(
+                engine="ddp", activation_checkpointing=ac, parts=parts, comm_bytes=comm,
+                method=method if world_size == 1 else f"{method} + DDP rules",
+                notes=(*notes, note), **common,
+            ))  # fmt: skip
+            continue
+        stage = int(engine[-1])
+        for off in offload:
+            # the rule applied at every recorded moment: sharding may move the peak
+            parts, comm, host = max(
+                (rules.zero(m, sizes, stage, world_size, precision, off) for m in moments),
+                key=lambda result: sum(result[0].values()),
+            )
+            rows.append(MemoryEstimate(
+                engine=engine, activation_checkpointing=ac, offload=off, parts=parts,
+                method=f"{method} + ZeRO-{stage} stage rules", comm_bytes=comm,
+                host_bytes=host, notes=(*notes, _ZERO_NOTE), **common,
+            ))  # fmt: skip
+    return rows
+
+
+def _fsdp2_rows(tracer: _Tracer, ac: bool, reshard: bool, offload: Iterable[bool],
+                optimizer: str, common: dict) -> list[MemoryEstimate]:  # fmt: skip
+    """FSDP2 rows: the step traced with FSDP2 applied; offload by its rule."""
+    world_size = common["world_size"]
+    traced, sizes, failure = tracer.run(world_size, ac, reshard)
+    comm = rules.fsdp2_cost(sizes, world_size, common["mixed_precision"], reshard)
+    rows = []
+    for off in offload:
+        kw = {"engine": "fsdp2", "activation_checkpointing": ac, "offload": off,
+              "reshard_after_forward": reshard, "comm_bytes": comm, **common}  # fmt: skip
+        if traced is None:
+            parts, notes = _approximate(sizes, optimizer, failure)
+            for k in ("weights", "gradients", "optimizer_states"):
+                parts[k] = 0 if off else parts[k] // world_size
+            rows.append(MemoryEstimate(parts=parts, method="approximate", notes=notes, **kw))
+        elif off:
+            parts, host = max(
+                (rules.fsdp2_offload(m, trace.CATEGORY_OF, sizes, world_size)
+                 for m in traced.moments),
+                key=lambda result: sum(result[0].values()),
+            )  # fmt: skip
+            rows.append(MemoryEstimate(parts=parts, method="traced + CPU offload rule", host_bytes=host,
+                notes=("the traced FSDP2 step less the sharded parameters, gradients and "
+                       "optimizer states, which offload keeps on the host",), **kw))  # fmt: skip
+        else:
+            parts = rules.by_category(traced.peak, trace.CATEGORY_OF)
+            rows.append(MemoryEstimate(parts=parts, method="traced", **kw))
+    return rows
+
+
+def plan_training(
+    model: nn.Module | Callable[[], nn.Module],
+    *,
+    device_memory: int | str,
+    margin: float = 0.1,
+    **options: Any,
+) -> list[MemoryEstimate]:
+    """The configurations whose peak fits `device_memory` less `margin` (a fraction), with
+    and without activation checkpointing, cheapest step first (`MemoryEstimate.step_cost`).
+    `options` are `estimate_training_memory`'s. Empty when nothing fits."""
+    if not 0 <= margin < 1:
+        raise ValueError(f"margin={margin}: expected a fraction in [0, 1), e.g. 0.1.")
+    limit = parse_memory(device_memory) * (1 - margin)
+    options.setdefault("activation_checkpointing", (False, True))
+    rows = estimate_training_memory(model, **options)
+    fitting = [r for r in rows if r.peak_bytes <= limit]
+    return sorted(fitting, key=lambda r: (r.step_cost, r.peak_bytes))

@@ -1,0 +1,73 @@
+"""Time to estimate training memory for Llama-3 8B and 70B configs, and the estimator's RSS.
+
+Each config (written here, no downloads) is estimated in a fresh interpreter with
+`accel_parallel.memory.estimate_training_memory` for every engine (the plain step, FSDP2 with
+and without reshard-after-forward traced under fake tensors; DDP and ZeRO derived), world
+size 8, bf16 autocast, batch 1 x 2048 tokens. Printed per model: wall seconds of the
+estimate (building the fake model included, interpreter start and imports not) and the
+child's peak RSS (`ru_maxrss`), plus the FSDP2 row's peak.
+
+    uv run --frozen python tools/bench/bench_estimate.py [--models 8b 70b]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+LLAMA3 = {
+    "8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+           "num_attention_heads": 32, "num_key_value_heads": 8},
+    "70b": {"hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+            "num_attention_heads": 64, "num_key_value_heads": 8},
+}  # fmt: skip
+
+CHILD = """
+import json, resource, sys, time
+import transformers
+from accel_parallel.memory import estimate_training_memory
+
+config = transformers.AutoConfig.from_pretrained(sys.argv[1], local_files_only=True)
+start = time.perf_counter()
+rows = estimate_training_memory(
+    lambda: transformers.AutoModelForCausalLM.from_config(config),
+    world_size=8, batch_size=1, seq_len=2048, mixed_precision="bf16",
+)
+seconds = time.perf_counter() - start
+fsdp2 = next(r for r in rows if r.label() == "fsdp2")
+print(json.dumps({"seconds": seconds, "rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                  "rows": len(rows), "fsdp2_peak_gib": fsdp2.peak_bytes / 2**30}))
+"""
+
+
+def write_config(folder: Path, size: str) -> Path:
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
+           "max_position_embeddings": 8192, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
+           "tie_word_embeddings": False, "torch_dtype": "float32", **LLAMA3[size]}  # fmt: skip
+    path = folder / size
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(cfg))
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(LLAMA3), choices=list(LLAMA3))
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        for size in args.models:
+            folder = write_config(Path(tmp), size)
+            out = subprocess.run([sys.executable, "-c", CHILD, str(folder)], capture_output=True,
+                                 text=True, check=True)  # fmt: skip
+            result = json.loads(out.stdout.strip().splitlines()[-1])
+            print(f"llama3-{size}: {result['seconds']:.1f} s, estimator peak RSS "
+                  f"{result['rss_kib'] / 2**20:.2f} GiB, {result['rows']} rows, "
+                  f"fsdp2 peak {result['fsdp2_peak_gib']:.2f} GiB/device")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
