@@ -44,3 +44,30 @@ def test_unknown_metric_lists_what_is_there(tmp_path):
     run = _write_log(tmp_path)
     with pytest.raises(ValueError, match=r"\['acc'\].*\['loss', 'lr'\]"):
         plot_jsonl(run, tmp_path / "x.png", metrics=["acc"])
+
+
+def test_step_metrics_png_draws_the_logged_step_metrics(tmp_path):
+    from accel_tracking import STEP_METRICS, plot_step_metrics
+
+    tracker = JSONLTracker("run", tmp_path)
+    for step in range(1, 6):
+        tracker.log({"loss": 1.0, "perf/samples_per_sec": 100.0 * step, "perf/mfu": 0.1}, step=step)
+    tracker.finish()
+    png = plot_step_metrics(tmp_path / "run")
+    assert png == tmp_path / "run" / "step_metrics.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    figure = jsonl_figure(
+        tmp_path / "run", [m for m in STEP_METRICS if "samples" in m or "mfu" in m]
+    )
+    assert [ax.get_title() for ax in figure.axes if ax.get_visible()] == [
+        "perf/samples_per_sec",
+        "perf/mfu",
+    ]
+
+
+def test_step_metrics_png_refuses_a_log_without_them(tmp_path):
+    from accel_tracking import plot_step_metrics
+
+    run = _write_log(tmp_path)
+    with pytest.raises(ValueError, match="log_step_metrics=True"):
+        plot_step_metrics(run)

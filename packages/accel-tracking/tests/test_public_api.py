@@ -4,6 +4,7 @@ import sys
 import accel_tracking
 
 EXPECTED = [
+    "STEP_METRICS",
     "TRACKER_CLASSES",
     "AimTracker",
     "ClearMLTracker",
@@ -24,6 +25,7 @@ EXPECTED = [
     "jsonl_figure",
     "known_trackers",
     "plot_jsonl",
+    "plot_step_metrics",
     "read_jsonl",
     "register_tracker_class",
     "resolve_trackers",

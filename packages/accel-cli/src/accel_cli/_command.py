@@ -33,7 +33,9 @@ from accel_cli._environment import (
     ENV_KMP_BLOCKTIME,
     ENV_MASTER_ADDR,
     ENV_MASTER_PORT,
+    ENV_NCCL_TRACE_BUFFER,
     ENV_OMP_NUM_THREADS,
+    NCCL_TRACE_ENTRIES,
 )
 from accel_cli._launch_config import LaunchConfig
 
@@ -213,6 +215,8 @@ def build_env(
         env[ENV_DEBUG_MODE] = "1"
     if config.as_accelerate:
         env[ENV_AS_ACCELERATE] = "1"
+    if config.hang_timeout is not None and not config.cpu:
+        env.setdefault(ENV_NCCL_TRACE_BUFFER, NCCL_TRACE_ENTRIES)  # NCCL's Flight Recorder
     if config.mpirun_hostfile is not None and config.main_process_port is not None:
         env[ENV_MASTER_ADDR] = config.main_process_ip or LOOPBACK
         env[ENV_MASTER_PORT] = str(config.main_process_port)

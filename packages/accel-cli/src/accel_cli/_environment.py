@@ -44,6 +44,11 @@ ENV_MASTER_PORT = "MASTER_PORT"
 # store's address from torch and waits forever.
 ENV_DISABLE_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
+# Written for --hang_timeout on GPU runs (unless set): NCCL's Flight Recorder keeps this many
+# collectives, which the hang doctor dumps beside its report.
+ENV_NCCL_TRACE_BUFFER = "TORCH_NCCL_TRACE_BUFFER_SIZE"
+NCCL_TRACE_ENTRIES = "2000"
+
 DEFAULT_CONFIG_NAME = "default_config.yaml"
 
 

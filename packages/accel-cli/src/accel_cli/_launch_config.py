@@ -20,6 +20,11 @@ The workers receive the result as one JSON object in `$ACCEL_LAUNCH_CONFIG`
     as_accelerate                bool: the workers' `import accelerate` gets accel (also sets
                                  ACCEL_AS_ACCELERATE=1 for the workers)
     enable_cpu_affinity          bool: each process was pinned to its share of the cores
+    step_metrics                 bool: the Accelerator logs step metrics (log_step_metrics)
+    hang_timeout                 float | null: seconds before a step or a collective is
+                                 diagnosed as a hang (Accelerator(hang_timeout=...))
+    hang_report_note             str: where a worker writes its hang report folder for the
+                                 launcher (only with hang_timeout)
     explicit                     [str]: the fields above that a flag or the file set (the
                                  rest are defaults; code may override them silently)
     distributed_type             "DEEPSPEED" | "FSDP" (only when the file names a strategy)
@@ -64,6 +69,8 @@ class LaunchConfig:
     enable_cpu_affinity: bool = False
     debug: bool = False
     as_accelerate: bool = False
+    step_metrics: bool = False
+    hang_timeout: float | None = None
     mpirun_hostfile: str | None = None
     # torchrun's own options, passed through (see `torchrun --help`).
     tee: str = "0"
@@ -120,6 +127,10 @@ class LaunchConfig:
             raise ConfigError(
                 f"num_cpu_threads_per_process={self.num_cpu_threads_per_process}: expected at "
                 f"least 1."
+            )
+        if self.hang_timeout is not None and not self.hang_timeout > 0:
+            raise ConfigError(
+                f"hang_timeout={self.hang_timeout}: expected seconds > 0 (or leave it out)."
             )
         if self.monitor_interval <= 0:
             raise ConfigError(f"monitor_interval={self.monitor_interval}: expected seconds > 0.")
@@ -223,6 +234,8 @@ class LaunchConfig:
             "config_file": self.config_file,
             "debug": self.debug,
             "as_accelerate": self.as_accelerate,
+            "step_metrics": self.step_metrics,
+            **({"hang_timeout": self.hang_timeout} if self.hang_timeout is not None else {}),
             "enable_cpu_affinity": self.enable_cpu_affinity,
             "explicit": list(self.explicit),
             **self.handed_down,

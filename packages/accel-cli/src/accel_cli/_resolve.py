@@ -197,6 +197,7 @@ _BOOL_FIELDS = frozenset(
         "enable_cpu_affinity",
         "debug",
         "as_accelerate",
+        "step_metrics",
         "no_python",
     }
 )
@@ -217,7 +218,7 @@ def coerce(name: str, value: Any, where: str) -> Any:
         except ValueError:
             raise ConfigError(f"{where}={value!r}: expected an integer.") from None
         return None if name == "main_process_port" and number == 0 else number  # 0: pick one
-    if name == "monitor_interval":
+    if name in ("monitor_interval", "hang_timeout"):
         try:
             return float(value)
         except (TypeError, ValueError):

@@ -10,6 +10,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from accel_state._ring import recorded
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -17,7 +19,7 @@ def _barrier() -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
+        recorded("barrier", None, dist.barrier)
 
 
 def split_range(length: int, num_processes: int, process_index: int) -> tuple[int, int]:

@@ -7,6 +7,9 @@ Debug mode (`ACCEL_DEBUG_MODE=1`, set by `accel launch --debug`): before gather,
 broadcast and pad_across_processes, every process shares the shapes it holds (one
 all_gather_object), and when they cannot meet, every process raises
 `DistributedOperationException` naming each process's shapes, instead of hanging.
+
+With the hang doctor on (accel_state.hang), each collective is numbered and recorded in the
+process's ring (after the debug-mode check, which keeps its message).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
+
+from accel_state._ring import recorded
 
 
 def is_torch_tensor(value: Any) -> bool:
@@ -230,7 +235,13 @@ def gather(tensor: Any, *, group: Any = None) -> Any:
     if _world(group) == 1:
         return tensor
     _verify("gather", tensor)
-    return recursively_apply(lambda t: _gather_one(t, group), tensor, error_on_other_type=False)
+    return recorded(
+        "gather",
+        tensor,
+        lambda: recursively_apply(
+            lambda t: _gather_one(t, group), tensor, error_on_other_type=False
+        ),
+    )
 
 
 def gather_object(obj: Any, *, group: Any = None) -> list[Any]:
@@ -240,7 +251,7 @@ def gather_object(obj: Any, *, group: Any = None) -> list[Any]:
     if _world(group) == 1:
         return list(obj) if isinstance(obj, (list, tuple)) else [obj]
     out: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(out, obj, group=group)
+    recorded("gather_object", obj, lambda: dist.all_gather_object(out, obj, group=group))
     if isinstance(obj, (list, tuple)):
         return [item for part in out for item in part]
     return out
@@ -258,7 +269,7 @@ def broadcast(tensor: Any, from_process: int = 0) -> Any:
         dist.broadcast(t, src=from_process)
         return t
 
-    return recursively_apply(one, tensor)
+    return recorded("broadcast", tensor, lambda: recursively_apply(one, tensor))
 
 
 def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
@@ -267,7 +278,11 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
 
     if _world() == 1:
         return object_list
-    dist.broadcast_object_list(object_list, src=from_process)
+    recorded(
+        "broadcast_object_list",
+        object_list,
+        lambda: dist.broadcast_object_list(object_list, src=from_process),
+    )
     return object_list
 
 
@@ -291,7 +306,9 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0, *, group: A
                 out = out / world if not out.is_floating_point() else out.div_(world)
         return out * scale if scale != 1.0 else out
 
-    return recursively_apply(one, tensor)
+    if world == 1 or reduction == "none":
+        return recursively_apply(one, tensor)
+    return recorded("reduce", tensor, lambda: recursively_apply(one, tensor))
 
 
 def pad_across_processes(
@@ -330,7 +347,7 @@ def pad_across_processes(
         out[tuple(index)] = t
         return out
 
-    return recursively_apply(one, tensor)
+    return recorded("pad_across_processes", tensor, lambda: recursively_apply(one, tensor))
 
 
 def concatenate(data: Sequence[Any], dim: int = 0) -> Any:

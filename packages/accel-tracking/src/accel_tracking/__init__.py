@@ -13,7 +13,13 @@ from accel_tracking._comet import CometMLTracker
 from accel_tracking._dvclive import DVCLiveTracker
 from accel_tracking._jsonl import JSONLTracker, read_jsonl
 from accel_tracking._mlflow import MLflowTracker
-from accel_tracking._plot import jsonl_figure, plot_jsonl, scalar_series
+from accel_tracking._plot import (
+    STEP_METRICS,
+    jsonl_figure,
+    plot_jsonl,
+    plot_step_metrics,
+    scalar_series,
+)
 from accel_tracking._registry import (
     TRACKER_CLASSES,
     available_trackers,
@@ -33,6 +39,7 @@ from accel_tracking._wandb import WandBTracker
 __version__ = "0.1.0"
 
 __all__ = [
+    "STEP_METRICS",
     "TRACKER_CLASSES",
     "AimTracker",
     "ClearMLTracker",
@@ -53,6 +60,7 @@ __all__ = [
     "jsonl_figure",
     "known_trackers",
     "plot_jsonl",
+    "plot_step_metrics",
     "read_jsonl",
     "register_tracker_class",
     "resolve_trackers",

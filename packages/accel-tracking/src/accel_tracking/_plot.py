@@ -98,3 +98,38 @@ def plot_jsonl(
     output.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(output, dpi=dpi, format="png")
     return output
+
+
+# The step metrics an Accelerator logs with log_step_metrics=True (keys prefixed "perf/"),
+# in the order they are drawn: throughput, compute, memory, data wait.
+STEP_METRICS = (
+    "perf/samples_per_sec",
+    "perf/tokens_per_sec",
+    "perf/tflops_per_sec",
+    "perf/mfu",
+    "perf/peak_memory_bytes",
+    "perf/data_wait_fraction",
+)
+
+
+def plot_step_metrics(
+    log: str | os.PathLike[str],
+    output: str | os.PathLike[str] | None = None,
+    *,
+    columns: int = 2,
+    dpi: int = 100,
+) -> Path:
+    """Write a PNG of the step metrics in a JSONL log (throughput, TFLOP/s, MFU, peak memory
+    and data wait over optimizer steps: those the log holds) and return its path; by default
+    ``step_metrics.png`` beside the log."""
+    log_path = Path(log)
+    present = scalar_series(read_jsonl(log))
+    metrics = [name for name in STEP_METRICS if name in present]
+    if not metrics:
+        raise ValueError(
+            f"No step metrics in {os.fspath(log)!r} (expected keys such as {STEP_METRICS[0]!r}, "
+            f"logged by Accelerator(log_step_metrics=True) to a 'jsonl' tracker)."
+        )
+    if output is None:
+        output = (log_path if log_path.is_dir() else log_path.parent) / "step_metrics.png"
+    return plot_jsonl(log, output, metrics=metrics, columns=columns, title="step metrics", dpi=dpi)

@@ -24,6 +24,7 @@ _LAZY = {
     "find_executable_batch_size": "accel._memory",
     "release_memory": "accel._memory",
     "prepare_pippy": "accel._pippy",
+    "StepMetricsKwargs": "accel._step_metrics",
     "AcceleratedOptimizer": "accel._wrappers",
     "AcceleratedScheduler": "accel._wrappers",
     "cpu_offload": "accel_bigmodel",
@@ -63,6 +64,7 @@ if TYPE_CHECKING:
     from accel._launchers import debug_launcher, notebook_launcher
     from accel._memory import find_executable_batch_size, release_memory
     from accel._pippy import prepare_pippy
+    from accel._step_metrics import StepMetricsKwargs
     from accel._wrappers import AcceleratedOptimizer, AcceleratedScheduler
     from accel_bigmodel import (
         cpu_offload,
@@ -137,6 +139,7 @@ __all__ = [
     "PartialState",
     "ProfileKwargs",
     "ProjectConfiguration",
+    "StepMetricsKwargs",
     "TERecipeKwargs",
     "TorchDynamoPlugin",
     "cpu_offload",

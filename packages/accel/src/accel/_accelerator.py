@@ -25,10 +25,12 @@ from accel._accelerator_state import AcceleratorState
 from accel._checkpoint import Checkpointer
 from accel._collectives_mixin import CollectivesMixin
 from accel._config import ProfileKwargs, ProjectConfiguration, sort_kwargs_handlers
+from accel._diagnostics import start_hang_doctor, start_oom_snapshot
 from accel._dynamo import TorchDynamoPlugin, resolve_dynamo_plugin
 from accel._gradient_state import GradientAccumulationPlugin, GradientState
 from accel._mesh_mixin import MeshMixin
 from accel._prepare_mixin import PrepareMixin, devices_of_dispatched
+from accel._step_metrics import step_metrics_for
 from accel._stopping import StoppingMixin
 from accel._tracking_mixin import TrackingMixin
 from accel._wrappers import AcceleratedOptimizer, AcceleratedScheduler
@@ -83,11 +85,18 @@ class Accelerator(
         dispatch_batches: bool | None = None,
         use_seedable_sampler: bool | None = None,
         strategy: str | Strategy | None = None,
+        log_step_metrics: bool | None = None,
+        hang_timeout: float | None = None,
+        oom_memory_snapshot: bool = False,
     ) -> None:
         """accelerate's arguments, plus `strategy`: a registered strategy's name ("ddp",
         "fsdp", "deepspeed", "mesh", "pipeline", "single_device", or one registered with
         accel_parallel.register_strategy) or a ready Strategy, beside the familiar plugins
-        (which configure the named strategy)."""
+        (which configure the named strategy); `log_step_metrics`: per optimizer step
+        throughput, FLOPs, MFU, memory and data wait (`step_metrics`, trackers, a line);
+        `hang_timeout`: seconds after which a step or collective is diagnosed as a hang
+        (accel_state.hang); `oom_memory_snapshot`: on CUDA, a snapshot of the allocator's
+        history written when a step runs out of memory."""
         handlers = sort_kwargs_handlers(kwargs_handlers)
         self.state = AcceleratorState(
             cpu=cpu, init_process_group_kwargs=handlers.get("init_process_group")
@@ -177,6 +186,10 @@ class Accelerator(
             dataloaders=self._dataloaders,
         )  # fmt: skip
         self._init_tracking(log_with)
+        self._step_metrics = step_metrics_for(self, log_step_metrics, handlers.get("step_metrics"))
+        where = dict(rank=self.process_index, project_dir=self.project_dir)
+        self._hang_doctor = start_hang_doctor(hang_timeout, world_size=self.num_processes, **where)
+        self._oom_snapshot = start_oom_snapshot(oom_memory_snapshot, device=self.device, **where)
 
     # -- the familiar properties ------------------------------------------------------------
     device = property(lambda self: self.state.device)
@@ -236,6 +249,19 @@ class Accelerator(
     def optimizer_step_was_skipped(self) -> bool:
         return any(opt.step_was_skipped for opt in self._optimizers)
 
+    @property
+    def step_metrics(self) -> dict[str, Any]:
+        """The last completed optimizer step's figures (see accel._step_metrics.METRIC_KEYS;
+        None where unknown); {} when step metrics are off or before the first step."""
+        return {} if self._step_metrics is None else dict(self._step_metrics.metrics)
+
+    def count_step_tokens(self, tokens: int | None = None, samples: int | None = None) -> None:
+        """Add tokens (and samples) to the current optimizer step's count, for batches that
+        have no `input_ids` / `attention_mask`; what is given replaces the count read from
+        the batches for this step. Does nothing when step metrics are off."""
+        if self._step_metrics is not None:
+            self._step_metrics.count(tokens, samples)
+
     # -- the step -----------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """`loss.backward()`, divided by the accumulation steps and scaled for fp16.
@@ -247,6 +273,10 @@ class Accelerator(
         if scale and steps > 1:
             loss = loss / steps
         self.strategy.backward(loss, self.precision.backward, **kwargs)
+        if self._step_metrics is not None:
+            self._step_metrics.backward_done()
+        if self._hang_doctor is not None:
+            self._hang_doctor.beat()
 
     def accumulate(self, *models: nn.Module) -> contextlib.AbstractContextManager[None]:
         """One micro-batch: gradients sync (and the optimizer steps) every N micro-batches and

@@ -7,6 +7,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+from accel._step_metrics import StepMetricsKwargs
 from accel_parallel import DistributedDataParallelKwargs
 from accel_precision import (
     AORecipeKwargs,
@@ -98,6 +99,7 @@ _HANDLER_SLOTS: dict[type, str] = {
     TERecipeKwargs: "fp8",
     AORecipeKwargs: "fp8",
     ProfileKwargs: "profile",
+    StepMetricsKwargs: "step_metrics",
 }
 
 

@@ -7,7 +7,7 @@ see which loader is being iterated) and synchronizes random states at epoch star
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -46,6 +46,8 @@ class DataLoaderShard(accel_data.DataLoaderShard):
     directly with `rng_types`, it synchronizes those generators (`synchronized_generator` for
     "generator") from the main process at each epoch start, as accelerate's does."""
 
+    step_metrics: Any = None  # the Accelerator's StepMetrics when on: it times the batches
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         synced = [str(getattr(t, "value", t)) for t in self.rng_types or ()]
@@ -60,14 +62,24 @@ class DataLoaderShard(accel_data.DataLoaderShard):
         self.gradient_state = GradientState()
         self.iteration_observer = self.gradient_state
 
+    def _batches(self, skip: int) -> Iterator[Any]:
+        batches = super()._batches(skip)
+        return batches if self.step_metrics is None else self.step_metrics.timed(batches)
+
 
 class DataLoaderDispatcher(accel_data.DataLoaderDispatcher):
     """accel_data's DataLoaderDispatcher that reports its iterations to the shared
     GradientState (its `gradient_state`), also when built directly."""
 
+    step_metrics: Any = None  # the Accelerator's StepMetrics when on: it times the batches
+
     def _on_init(self) -> None:
         self.gradient_state = GradientState()
         self.iteration_observer = self.gradient_state
+
+    def _batches(self, skip: int) -> Iterator[Any]:
+        batches = super()._batches(skip)
+        return batches if self.step_metrics is None else self.step_metrics.timed(batches)
 
 
 def iteration_observer(gradient_state: GradientState, rng_types: list[Any] | None) -> Any:

@@ -11,6 +11,7 @@ from torch import nn
 
 from accel._data_loader import DataLoaderDispatcher, DataLoaderShard, iteration_observer
 from accel._dynamo import compile_model
+from accel._memory_check import check_at_prepare
 from accel._quantized import check_quantized_placement
 from accel._wrappers import AcceleratedOptimizer, AcceleratedScheduler
 from accel_data import prepare_data_loader
@@ -18,6 +19,9 @@ from accel_data import prepare_data_loader
 
 class PrepareMixin:
     """prepare / prepare_model / prepare_optimizer / prepare_scheduler / prepare_data_loader."""
+
+    _step_metrics: Any = None  # the StepMetrics (accel._step_metrics) when on
+    memory_check: Any = None  # "80GiB" / "auto": warn at prepare (accel._memory_check)
 
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
         """Prepare models, optimizers, schedulers and dataloaders, in any order and number.
@@ -43,6 +47,7 @@ class PrepareMixin:
             split_batches=self.split_batches,
             sync_gradients=lambda: self.gradient_state.sync_gradients,
         )
+        check_at_prepare(self, [args[i] for i in models], raw_optims, args)  # opt-in
         prepared = self._prepare_models(
             [args[i] for i in models], raw_optims, [placement[i] for i in models]
         )
@@ -117,6 +122,8 @@ class PrepareMixin:
                 continue
             out[i] = compile_model(model, self.dynamo_plugin, self.strategy.unwrap_model(model))
             self._models.append(out[i])
+            if self._step_metrics is not None:
+                self._step_metrics.watch_model(out[i])
         return out
 
     def _prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
@@ -126,6 +133,8 @@ class PrepareMixin:
             optimizer, self.precision, self.gradient_state, self.strategy
         )
         self._optimizers.append(wrapped)
+        if self._step_metrics is not None:
+            self._step_metrics.watch_optimizer(wrapped)
         return wrapped
 
     def prepare_optimizer(
@@ -191,6 +200,8 @@ class PrepareMixin:
         )
         prepared.gradient_state = self.gradient_state
         self._dataloaders.append(prepared)
+        if self._step_metrics is not None:
+            self._step_metrics.watch_loader(prepared)
         return prepared
 
     def prepare_data_loader(self, data_loader: Any, device_placement: bool | None = None) -> Any:

@@ -27,6 +27,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.strategy = strategy  # owns step and zero_grad where an engine needs to
         self.step_was_skipped = False
         self.unscaled = False
+        self.step_observer: Any = None  # the Accelerator's StepMetrics when on
 
     @property
     def _is_overflow(self) -> bool:
@@ -100,6 +101,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.precision.update()
         self.step_was_skipped = not stepped
         self.unscaled = False
+        if self.step_observer is not None:
+            self.step_observer.optimizer_stepped(self)
         return None
 
     def train(self) -> None:

@@ -47,6 +47,8 @@ FIELD_FLAGS = (
     "enable_cpu_affinity",
     "debug",
     "as_accelerate",
+    "step_metrics",
+    "hang_timeout",
     "mpirun_hostfile",
     "tee",
     "log_dir",
@@ -119,6 +121,25 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="In every process, `import accelerate` imports accel (sets ACCEL_AS_ACCELERATE=1): "
         "transformers' Trainer, PEFT and other accelerate clients run on accel.",
+    )
+    p.add_argument(
+        "--step_metrics",
+        "--step-metrics",
+        action="store_true",
+        default=None,
+        help="Every Accelerator in the workers logs step metrics (Accelerator("
+        "log_step_metrics=True)): samples/s, tokens/s, FLOPs, MFU, peak memory, data wait.",
+    )
+    p.add_argument(
+        "--hang_timeout",
+        "--hang-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="Diagnose a hang instead of waiting it out: when a step or a collective takes "
+        "longer on any process, every process writes its stack and its last collectives to "
+        "hang_report/, the launcher prints the first divergence between processes, and the "
+        "job ends with exit code 86 (Accelerator(hang_timeout=SECONDS)).",
     )
     p.add_argument(
         "--dry_run",

@@ -40,6 +40,7 @@ from accel_cli._environment import (
     env_wants_cpu,
 )
 from accel_cli._flags import given_flags
+from accel_cli._hang_report import report_hang, with_hang_note
 from accel_cli._resolve import (
     TORCHRUN_SPELLINGS,
     check_launch,
@@ -106,7 +107,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"{ENV_ACCEL_CONFIG}={env[ENV_ACCEL_CONFIG]}")
         return 0
     torchrun = config.distributed and config.mpirun_hostfile is None
-    return run_child(cmd, env, through_torchrun=torchrun)
+    config, note = with_hang_note(config)  # not before --dry_run: it makes a file
+    if note is not None:
+        env = build_env(config, os.environ, cpu_cores=cores)
+    code = run_child(cmd, env, through_torchrun=torchrun)
+    return report_hang(note, code, config.num_processes)
 
 
 def _multi_gpu_processes(flags: Mapping[str, object], file: ConfigFile | None) -> dict:

@@ -1,0 +1,192 @@
+"""Read the hang report folder and name the first divergence between ranks: pure functions
+over the dumps, used by the ranks and by `accel launch` (imports neither torch nor accel).
+
+A report folder holds, per rank k that could write one, `rank<k>.json`:
+
+    rank, world_size    int
+    reason              str: why this rank stopped (its own timeout, or another rank's notice)
+    collectives         [entry]: the last collectives, oldest first; each has seq, op, shapes,
+                        dtypes, file, line, state ("entered", "left", "failed"), error
+    stack               [frame]: the main thread, outermost first; each has file, line,
+                        function, module, user (outside accel, torch and the standard library)
+    nccl_trace          str: the Flight Recorder file, or why there is none
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+REPORT_DIR_NAME = "hang_report"
+DIAGNOSIS_FILE = "diagnosis.txt"
+# What a rank outside accel's collectives is doing, told by the modules on its stack.
+_ACTIVITIES = (
+    (("torch.utils.data", "accel_data"), "the data loader"),
+    (("torch.autograd",), "the backward pass"),
+    (("torch.nn.parallel.distributed",), "DDP's forward"),
+    (("torch.optim",), "the optimizer step"),
+)
+
+Report = Mapping[str, Any]
+
+
+def report_path(folder: str | os.PathLike[str], rank: int) -> Path:
+    return Path(folder) / f"rank{rank}.json"
+
+
+def stack_path(folder: str | os.PathLike[str], rank: int) -> Path:
+    return Path(folder) / f"rank{rank}.stack.txt"
+
+
+def load_reports(folder: str | os.PathLike[str], world_size: int) -> dict[int, Report | None]:
+    """Each rank's report in `folder` (None for a rank that wrote none or a torn one)."""
+    out: dict[int, Report | None] = {}
+    for rank in range(world_size):
+        try:
+            out[rank] = json.loads(report_path(folder, rank).read_text())
+        except (OSError, ValueError):
+            out[rank] = None
+    return out
+
+
+def _site(entry: Mapping[str, Any]) -> str:
+    return f"{os.path.basename(str(entry.get('file', '?')))}:{entry.get('line', 0)}"
+
+
+def _label(entry: Mapping[str, Any]) -> str:
+    return f"{entry['op']} #{entry['seq']} ({_site(entry)})"
+
+
+def _open(report: Report) -> Mapping[str, Any] | None:
+    """The collective the rank is in (entered, not left), or the one that failed last."""
+    for entry in reversed(report.get("collectives", [])):
+        if entry.get("state") in ("entered", "failed"):
+            return entry
+        return None
+    return None
+
+
+def _by_seq(report: Report) -> dict[int, Mapping[str, Any]]:
+    return {int(e["seq"]): e for e in report.get("collectives", [])}
+
+
+def where_in_stack(report: Report) -> str:
+    """Where the rank's main thread is: "the data loader at data.py:40", or "train.py:12 (in
+    step)", from the innermost frame of the user's code in its stack."""
+    stack = report.get("stack", [])
+    user = [f for f in stack if f.get("user")]
+    frame = user[-1] if user else (stack[-1] if stack else None)
+    if frame is None:
+        return "an unknown place (no stack was recorded)"
+    place = f"{os.path.basename(str(frame['file']))}:{frame['line']}"
+    for modules, activity in _ACTIVITIES:
+        if any(str(f.get("module", "")).startswith(modules) for f in stack):
+            return f"{activity} at {place}"
+    return f"{place} (in {frame.get('function', '?')})"
+
+
+def _first_divergence(
+    present: Mapping[int, Report],
+) -> tuple[int, dict[int, Mapping[str, Any] | None]] | None:
+    """The lowest sequence number where the ranks' records differ or one is still open,
+    with each rank's entry there (None: not reached)."""
+    rings = {rank: _by_seq(r) for rank, r in present.items()}
+    known = [seq for ring in rings.values() for seq in ring]
+    if not known:
+        return None
+    start = max(min(ring) for ring in rings.values() if ring) if any(rings.values()) else 0
+    last = {rank: max(ring) if ring else 0 for rank, ring in rings.items()}
+    for seq in range(start, max(known) + 1):
+        at = {rank: (ring.get(seq) if seq <= last[rank] else None) for rank, ring in rings.items()}
+        ops = {e["op"] for e in at.values() if e is not None}
+        unreached = any(e is None for e in at.values())
+        stuck = any(e is not None and e.get("state") != "left" for e in at.values())
+        if len(ops) > 1 or unreached or stuck:
+            return seq, at
+    return None
+
+
+def _verb(entry: Mapping[str, Any]) -> str:
+    return {"entered": "is in", "failed": "failed in"}.get(str(entry.get("state")), "passed")
+
+
+def diagnose(reports: Mapping[int, Report | None]) -> str:
+    """One paragraph naming the first divergence between the ranks, then one line per rank.
+
+    "rank 1 is in gather #57 (train.py:88) while rank 0 is in reduce #57 (train.py:91)",
+    "rank 1 never reached collective #57: it is in the data loader at data.py:40", or
+    "rank 1 wrote no report (the process died or was killed) while rank 0 ...".
+    """
+    present = {rank: r for rank, r in reports.items() if r is not None}
+    missing = sorted(rank for rank, r in reports.items() if r is None)
+    headline = _headline(present, missing)
+    lines = [f"accel hang doctor: {headline}"]
+    for rank in sorted(reports):
+        lines.append("  " + _rank_line(rank, reports[rank]))
+    return "\n".join(lines)
+
+
+def _headline(present: Mapping[int, Report], missing: list[int]) -> str:
+    found = _first_divergence(present)
+    if missing:
+        gone = ", ".join(str(r) for r in missing)
+        who = "rank" if len(missing) == 1 else "ranks"
+        others = []
+        for rank, report in sorted(present.items()):
+            entry = _open(report)
+            where = _label(entry) if entry else where_in_stack(report)
+            verb = _verb(entry) if entry else "is at"
+            others.append(f"rank {rank} {verb} {where}")
+        tail = f" while {'; '.join(others)}" if others else ""
+        return f"{who} {gone} wrote no report (the process died or was killed){tail}"
+    if found is None:
+        places = {rank: where_in_stack(r) for rank, r in sorted(present.items())}
+        loading = [rank for rank, place in places.items() if place.startswith("the data loader")]
+        if loading and len(loading) < len(places):
+            odd = loading[0]
+            others = "; ".join(f"rank {r} is in {p}" for r, p in places.items() if r != odd)
+            return (
+                f"rank {odd} never reached the next collective: it is in {places[odd]} ({others})"
+            )
+        listing = "; ".join(f"rank {r} is in {p}" for r, p in places.items())
+        return f"no accel collective is pending and a step exceeded the timeout: {listing}"
+    seq, at = found
+    reached = {rank: e for rank, e in at.items() if e is not None}
+    groups: dict[str, list[int]] = {}
+    for rank, entry in sorted(reached.items()):
+        groups.setdefault(entry["op"], []).append(rank)
+    if len(groups) > 1:
+        # the op most ranks called is the reference; the first rank of another op diverges
+        ref_op = max(groups, key=lambda op: (len(groups[op]), -groups[op][0]))
+        odd = min(rank for op, ranks in groups.items() if op != ref_op for rank in ranks)
+        ref = groups[ref_op][0]
+        return (
+            f"rank {odd} {_verb(reached[odd])} {_label(reached[odd])} while rank {ref} "
+            f"{_verb(reached[ref])} {_label(reached[ref])}"
+        )
+    unreached = sorted(rank for rank, e in at.items() if e is None)
+    if unreached:
+        odd = unreached[0]
+        ref = min(reached)
+        return (
+            f"rank {odd} never reached collective #{seq}: it is in "
+            f"{where_in_stack(present[odd])} (rank {ref} {_verb(reached[ref])} "
+            f"{_label(reached[ref])})"
+        )
+    ranks = ", ".join(str(r) for r in sorted(reached))
+    entry = reached[min(reached)]
+    return f"ranks {ranks} are all in {_label(entry)}: no rank diverged; a peer is slow or stuck"
+
+
+def _rank_line(rank: int, report: Report | None) -> str:
+    if report is None:
+        return f"rank {rank}: no report"
+    entry = _open(report)
+    place = f"{_verb(entry)} {_label(entry)}" if entry else "in no collective"
+    reason = str(report.get("reason", ""))
+    error = entry.get("error") if entry else None
+    error = f"; {error}" if error and error not in reason else ""
+    return f"rank {rank}: {place}; stack at {where_in_stack(report)}; {reason}{error}"

@@ -1,0 +1,306 @@
+"""The hang doctor's watchdog: a daemon thread that notices a step or a collective running
+past the timeout on this rank, tells every rank, and has each write its report before the
+job ends with `HANG_EXIT_CODE`.
+
+Ranks learn of a hang through the process group's TCPStore (which keeps answering while a
+gloo collective hangs) and through a notice file in the report folder (which works when the
+store's host is gone). Each rank writes `rank<k>.stack.txt` (faulthandler, all threads) and
+`rank<k>.json` (the collective ring and the main thread's stack); then one diagnosis is
+printed: by `accel launch` when it asked for the report (`notify` is set), else by rank 0
+(or the lowest rank still alive).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import signal
+import sys
+import sysconfig
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from accel_state import _ring
+from accel_state._diagnosis import (
+    DIAGNOSIS_FILE,
+    diagnose,
+    load_reports,
+    report_path,
+    stack_path,
+)
+
+# The exit code of every rank (and of `accel launch`) after a diagnosed hang.
+HANG_EXIT_CODE = 86
+STORE_KEY = "accel_hang_doctor/notice"
+NOTICE_FILE = "NOTICE"
+_STDLIB = (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"])
+_ACTIVE: HangDoctor | None = None  # the doctor watching this process
+
+
+def active_doctor() -> HangDoctor | None:
+    """The hang doctor watching this process, or None."""
+    return _ACTIVE
+
+
+class HangDoctor:
+    """Watch this rank's steps and collectives; on a hang, report and end the job.
+
+    `timeout`: seconds a step (between two `beat()` calls, the first one from `start()`)
+    or one collective may take.
+    `folder`: where the reports go. `store`: the process group's store (None: the folder
+    alone carries the notice). `notify`: a file in which to write the folder's path for
+    `accel launch`, which then prints the diagnosis; None: this process group prints it.
+    """
+
+    def __init__(
+        self,
+        timeout: float,
+        *,
+        rank: int,
+        world_size: int,
+        folder: str | os.PathLike[str],
+        store: Any = None,
+        notify: str | None = None,
+        ring_size: int = 64,
+        exit_process: bool = True,
+    ) -> None:
+        if not timeout > 0:
+            raise ValueError(f"hang_timeout={timeout!r}: expected a number of seconds > 0.")
+        self.timeout = float(timeout)
+        self.rank, self.world_size = rank, world_size
+        self.folder = Path(folder).resolve()
+        self.store, self.notify = store, notify
+        self.ring = _ring.CollectiveRing(ring_size)
+        self.ring.on_error = self._collective_failed
+        self.exit_process = exit_process
+        self.last_beat = time.monotonic()  # the first step is timed from the start
+        self.tick = min(0.25, self.timeout / 8)
+        self.grace = max(1.0, self.timeout / 2)  # how long to wait for the other ranks' reports
+        self._stop = threading.Event()
+        self._fired = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.diagnosis: str | None = None
+        self.hooks: list[Any] = []  # handles (with .remove()) dropped by stop()
+
+    # -- the rank's side --------------------------------------------------------------------
+    def start(self) -> HangDoctor:
+        """Install the ring and start the watchdog thread (stopping another doctor)."""
+        global _ACTIVE
+        if _ACTIVE is not None and _ACTIVE is not self:
+            _ACTIVE.stop()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for path in (report_path(self.folder, self.rank), stack_path(self.folder, self.rank)):
+            path.unlink(missing_ok=True)
+        if self.rank == 0:
+            for name in (NOTICE_FILE, DIAGNOSIS_FILE):
+                (self.folder / name).unlink(missing_ok=True)
+        _ring.ACTIVE, _ACTIVE = self.ring, self
+        self.beat()
+        self._thread = threading.Thread(target=self._watch, name="accel-hang-doctor", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop watching (the end of training); collectives are no longer recorded."""
+        global _ACTIVE
+        self._stop.set()
+        while self.hooks:
+            self.hooks.pop().remove()
+        if _ring.ACTIVE is self.ring:
+            _ring.ACTIVE = None
+        if _ACTIVE is self:
+            _ACTIVE = None
+
+    def beat(self) -> None:
+        """A step boundary (a backward or an optimizer step): the step timer restarts."""
+        self.last_beat = time.monotonic()
+
+    # -- watching -----------------------------------------------------------------------------
+    def _watch(self) -> None:
+        import torch.distributed as dist
+
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # the main thread's to take
+
+        grouped = dist.is_available() and dist.is_initialized()
+        while not self._stop.wait(self.tick):
+            if grouped and not dist.is_initialized():
+                self.stop()  # end_training closed the process group: training is over
+                return
+            reason = self._overdue(time.monotonic()) or self._noticed()
+            if reason is not None:
+                self.report_and_exit(reason)
+                return
+
+    def _overdue(self, now: float) -> str | None:
+        current = self.ring.current
+        if current is not None and now - current.started > self.timeout:
+            return (
+                f"rank {self.rank} waited more than {self.timeout:g}s in {current.op} "
+                f"#{current.seq} ({current.site})"
+            )
+        if current is None:
+            # a collective that returned counts as progress too (an evaluation loop)
+            last = self.ring.entries[-1].started if self.ring.entries else 0.0
+            if now - max(self.last_beat, last) <= self.timeout:
+                return None
+            return f"rank {self.rank}: a step took more than {self.timeout:g}s"
+        return None
+
+    def _noticed(self) -> str | None:
+        note = None
+        if self.store is not None:
+            try:
+                if self.store.check([STORE_KEY]):
+                    note = self.store.get(STORE_KEY).decode()
+            except Exception:  # the store's host is gone: the folder still carries notices
+                self.store = None
+        if note is None and (self.folder / NOTICE_FILE).exists():
+            note = (self.folder / NOTICE_FILE).read_text() or "another rank"
+        return None if note is None else f"stopped by {note}"
+
+    def _collective_failed(self, record: _ring.CollectiveRecord, error: BaseException) -> None:
+        self.report_and_exit(
+            f"rank {self.rank}: {record.op} #{record.seq} ({record.site}) failed: {record.error}"
+        )
+
+    # -- reporting ----------------------------------------------------------------------------
+    def report_and_exit(self, reason: str) -> None:
+        """Tell every rank, write this rank's report, print the diagnosis where this process
+        is the one to print it, and end the process with `HANG_EXIT_CODE`."""
+        if not self._fired.acquire(blocking=False):
+            # The watchdog and a failed collective both noticed: one reports, and the other
+            # waits for it to end the process rather than raise past it.
+            if self.exit_process:
+                threading.Event().wait()
+            return
+        self._stop.set()
+        # A launcher ends every worker (SIGTERM) once one exits: hold it off until the report
+        # is written and this process exits by itself.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        if not reason.startswith("stopped by"):
+            self._announce(reason)
+        self.write_report(reason)
+        if self.notify is not None:
+            Path(self.notify).write_text(str(self.folder))
+        self._wait(lambda: all(report_path(self.folder, r).exists() for r in self._ranks()))
+        if self.notify is None:
+            self._print_diagnosis()
+        if self.exit_process:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(HANG_EXIT_CODE)
+
+    def _ranks(self) -> range:
+        return range(self.world_size)
+
+    def _announce(self, reason: str) -> None:
+        (self.folder / NOTICE_FILE).write_text(f"rank {self.rank} ({reason})")
+        if self.store is not None:
+            try:
+                self.store.set(STORE_KEY, f"rank {self.rank} ({reason})")
+            except Exception:
+                self.store = None
+
+    def _wait(self, done: Any) -> bool:
+        deadline = time.monotonic() + self.grace
+        while not done():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def _print_diagnosis(self) -> None:
+        """Rank 0 prints; the others wait for its diagnosis and print it themselves if none
+        comes (rank 0 died)."""
+        done = self.folder / DIAGNOSIS_FILE
+        if self.rank != 0 and self._wait(done.exists):
+            return
+        if done.exists():
+            return
+        self.diagnosis = diagnose(load_reports(self.folder, self.world_size))
+        tmp = done.with_suffix(f".{self.rank}.tmp")
+        tmp.write_text(self.diagnosis + "\n")
+        os.replace(tmp, done)
+        print(f"{self.diagnosis}\n  reports: {self.folder}", file=sys.stderr, flush=True)
+
+    def write_report(self, reason: str) -> None:
+        """`rank<k>.stack.txt` (every thread) and `rank<k>.json` (ring, stack, reason)."""
+        with open(stack_path(self.folder, self.rank), "w") as f:
+            faulthandler.dump_traceback(f, all_threads=True)
+        report = {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "reason": reason,
+            "timeout": self.timeout,
+            "collectives": self.ring.to_list(),
+            "stack": main_thread_stack(),
+            "nccl_trace": collect_nccl_trace(self.folder, self.rank),
+        }
+        target = report_path(self.folder, self.rank)
+        tmp = target.with_suffix(".tmp")
+        tmp.write_text(json.dumps(report, indent=1))
+        os.replace(tmp, target)
+
+
+def main_thread_stack() -> list[dict[str, Any]]:
+    """The main thread's frames, outermost first, each marked `user` when it is outside
+    accel, torch and the standard library."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    frames: list[dict[str, Any]] = []
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "") or ""
+        file = frame.f_code.co_filename
+        internal = module.partition(".")[0] in _ring.INTERNAL_MODULES
+        stdlib = file.startswith(_STDLIB) or file.startswith("<")
+        frames.append(
+            {
+                "file": file,
+                "line": frame.f_lineno,
+                "function": frame.f_code.co_name,
+                "module": module,
+                "user": not (internal or stdlib),
+            }
+        )
+        frame = frame.f_back
+    return frames[::-1]
+
+
+def collect_nccl_trace(folder: Path, rank: int) -> str:
+    """Write NCCL's Flight Recorder dump beside the report where CUDA provides one; else say
+    why there is none."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "skipped: no CUDA on this machine (the Flight Recorder records NCCL only)"
+    import torch.distributed as dist
+
+    if not (dist.is_initialized() and dist.get_backend() == "nccl"):
+        return "skipped: the process group is not NCCL"
+    if not int(os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE", "0") or 0):
+        return (
+            "skipped: TORCH_NCCL_TRACE_BUFFER_SIZE is not set (accel launch --hang_timeout sets it)"
+        )
+    dump = getattr(torch._C._distributed_c10d, "_dump_nccl_trace", None)
+    if dump is None:
+        return "skipped: this torch has no _dump_nccl_trace"
+    path = folder / f"rank{rank}.nccl_trace.pkl"
+    try:
+        path.write_bytes(dump())
+    except Exception as err:  # the recorder is best effort: the report matters more
+        return f"failed: {type(err).__name__}: {err}"
+    return str(path)
+
+
+def process_group_store() -> Any:
+    """The default process group's store, or None (no group, or torch hides it)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except Exception:  # a private accessor: the notice file still works without it
+        return None

@@ -1,0 +1,166 @@
+"""The hang doctor of accel-state: the ring numbers collectives and records where they were
+called; `diagnose` names the first divergence; and two real gloo processes (no launcher)
+end a hang with rank 0's diagnosis and HANG_EXIT_CODE within about twice the timeout."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from accel_state import hang
+from accel_state.hang import HANG_EXIT_CODE, CollectiveRing, HangDoctor, diagnose
+from accel_state.testing import free_port
+
+WORKER = Path(__file__).with_name("_hang_worker.py")
+GUARD = 60  # seconds: torch import in both ranks, a 2 s timeout, the grace for reports
+
+
+def test_public_names() -> None:
+    assert hang.__all__ == [
+        "DIAGNOSIS_FILE", "HANG_EXIT_CODE", "REPORT_DIR_NAME", "CollectiveRecord",
+        "CollectiveRing", "HangDoctor", "active_doctor", "diagnose", "load_reports",
+        "process_group_store", "where_in_stack",
+    ]  # fmt: skip
+
+
+def test_ring_numbers_collectives_and_records_the_callers_line() -> None:
+    ring = CollectiveRing(size=2)
+    first = ring.enter("gather", {"a": torch.zeros(2, 3), "b": [torch.ones(4, dtype=torch.int64)]})
+    line = sys._getframe().f_lineno - 1
+    ring.leave(first)
+    ring.run("reduce", torch.zeros(1), lambda: None)
+    third = ring.enter("barrier")
+    assert [e["seq"] for e in ring.to_list()] == [2, 3]  # the last `size` entries
+    assert first.shapes == [[2, 3], [4]] and first.dtypes == ["float32", "int64"]
+    assert first.site == f"test_hang.py:{line}" and first.state == "left"
+    assert ring.current is third and third.state == "entered"
+
+
+def test_ring_marks_a_failed_collective_and_reports_distributed_errors() -> None:
+    ring, seen = CollectiveRing(), []
+    ring.on_error = lambda record, err: seen.append(record.seq)
+
+    def broken() -> None:
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:561] Connection closed by peer")
+
+    with pytest.raises(RuntimeError, match="closed by peer"):
+        ring.run("gather", None, broken)
+    with pytest.raises(ValueError):  # not a distributed error: raised as it is, not reported
+        ring.run("gather", None, lambda: int("x"))
+    assert seen == [1]
+    assert [e["state"] for e in ring.to_list()] == ["failed", "failed"]
+
+
+def _entry(seq: int, op: str, line: int, state: str = "left") -> dict:
+    return {"seq": seq, "op": op, "file": "/x/train.py", "line": line, "state": state}
+
+
+def _frame(file: str, line: int, module: str, user: bool) -> dict:
+    return {"file": file, "line": line, "function": "f", "module": module, "user": user}
+
+
+def test_diagnose_names_different_collectives_at_the_same_number() -> None:
+    reports = {
+        0: {"collectives": [_entry(56, "gather", 80), _entry(57, "reduce", 91, "entered")]},
+        1: {"collectives": [_entry(56, "gather", 80), _entry(57, "gather", 88, "entered")]},
+    }
+    text = diagnose(reports)
+    assert text.splitlines()[0] == (
+        "accel hang doctor: rank 1 is in gather #57 (train.py:88) while rank 0 is in reduce "
+        "#57 (train.py:91)"
+    )
+
+
+def test_diagnose_names_the_rank_that_never_reached_a_collective_and_where_it_is() -> None:
+    stack = [
+        _frame("/x/train.py", 20, "__main__", True),
+        _frame("/t/dataloader.py", 700, "torch.utils.data.dataloader", False),
+        _frame("/x/data.py", 40, "data", True),
+    ]
+    reports = {
+        0: {"collectives": [_entry(56, "gather", 80), _entry(57, "reduce", 91, "entered")]},
+        1: {"collectives": [_entry(56, "gather", 80)], "stack": stack},
+    }
+    assert diagnose(reports).splitlines()[0] == (
+        "accel hang doctor: rank 1 never reached collective #57: it is in the data loader at "
+        "data.py:40 (rank 0 is in reduce #57 (train.py:91))"
+    )
+
+
+def test_diagnose_names_a_rank_that_left_no_report() -> None:
+    reports = {0: {"collectives": [_entry(3, "gather", 9, "failed")]}, 1: None}
+    assert diagnose(reports).splitlines()[0] == (
+        "accel hang doctor: rank 1 wrote no report (the process died or was killed) while "
+        "rank 0 failed in gather #3 (train.py:9)"
+    )
+
+
+def test_a_step_past_the_timeout_is_reported_without_ending_the_process(tmp_path: Path) -> None:
+    doctor = HangDoctor(0.3, rank=0, world_size=1, folder=tmp_path, exit_process=False).start()
+    try:
+        deadline = time.monotonic() + 10
+        while doctor.diagnosis is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # no beat: the step runs past the timeout
+    finally:
+        doctor.stop()
+    report = json.loads((tmp_path / "rank0.json").read_text())
+    assert "a step took more than 0.3s" in report["reason"]
+    assert report["stack"][-1]["function"].startswith("test_a_step_past")
+    assert "no accel collective is pending" in doctor.diagnosis
+    assert "test_hang.py" in (tmp_path / "rank0.stack.txt").read_text()
+    assert hang.active_doctor() is None
+
+
+def _run_ranks(scenario: str, folder: Path) -> list[subprocess.CompletedProcess]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
+    env.update(WORLD_SIZE="2", MASTER_PORT=str(free_port()))
+    for name in [k for k in env if k.startswith("ACCEL_")]:
+        del env[name]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), scenario, str(folder)],
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    out = []
+    for proc in procs:
+        try:
+            stdout, stderr = proc.communicate(timeout=GUARD)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise
+        out.append(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
+    return out
+
+
+def test_two_ranks_calling_different_collectives_end_with_rank_0s_diagnosis(
+    tmp_path: Path,
+) -> None:
+    rank0, rank1 = _run_ranks("different", tmp_path)
+    assert (rank0.returncode, rank1.returncode) == (HANG_EXIT_CODE, HANG_EXIT_CODE)
+    assert (
+        "accel hang doctor: rank 1 is in gather #3 (_hang_worker.py:36) while rank 0 is in "
+        "reduce #3 (_hang_worker.py:34)" in rank0.stderr
+    ), rank0.stderr
+    assert "accel hang doctor" not in rank1.stderr  # one diagnosis, by rank 0
+
+
+def test_a_killed_rank_is_named_by_the_survivor(tmp_path: Path) -> None:
+    rank0, rank1 = _run_ranks("killed", tmp_path)
+    assert rank0.returncode == HANG_EXIT_CODE and rank1.returncode == -9
+    assert (
+        "accel hang doctor: rank 1 wrote no report (the process died or was killed) while "
+        "rank 0 failed in gather #3 (_hang_worker.py:40)" in rank0.stderr
+    ), rank0.stderr
