@@ -7,7 +7,10 @@ size 8, bf16 autocast, batch 1 x 2048 tokens. Printed per model: wall seconds of
 estimate (building the fake model included, interpreter start and imports not) and the
 child's peak RSS (`ru_maxrss`), plus the FSDP2 row's peak.
 
-    uv run --frozen python tools/bench/bench_estimate.py [--models 8b 70b]
+With `--extrapolate`, the 32 (80) decoder layers are traced as 3, 4 and 5 layers and each
+part extended linearly (`extrapolate=True`).
+
+    uv run --frozen python tools/bench/bench_estimate.py [--models 8b 70b] [--extrapolate]
 """
 
 from __future__ import annotations
@@ -36,11 +39,13 @@ start = time.perf_counter()
 rows = estimate_training_memory(
     lambda: transformers.AutoModelForCausalLM.from_config(config),
     world_size=8, batch_size=1, seq_len=2048, mixed_precision="bf16",
+    extrapolate=sys.argv[2] == "1",
 )
 seconds = time.perf_counter() - start
 fsdp2 = next(r for r in rows if r.label() == "fsdp2")
 print(json.dumps({"seconds": seconds, "rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-                  "rows": len(rows), "fsdp2_peak_gib": fsdp2.peak_bytes / 2**30}))
+                  "rows": len(rows), "fsdp2_peak_gib": fsdp2.peak_bytes / 2**30,
+                  "method": fsdp2.method}))
 """
 
 
@@ -57,16 +62,17 @@ def write_config(folder: Path, size: str) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(LLAMA3), choices=list(LLAMA3))
+    parser.add_argument("--extrapolate", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         for size in args.models:
             folder = write_config(Path(tmp), size)
-            out = subprocess.run([sys.executable, "-c", CHILD, str(folder)], capture_output=True,
+            out = subprocess.run([sys.executable, "-c", CHILD, str(folder), str(int(args.extrapolate))], capture_output=True,
                                  text=True, check=True)  # fmt: skip
             result = json.loads(out.stdout.strip().splitlines()[-1])
             print(f"llama3-{size}: {result['seconds']:.1f} s, estimator peak RSS "
                   f"{result['rss_kib'] / 2**20:.2f} GiB, {result['rows']} rows, "
-                  f"fsdp2 peak {result['fsdp2_peak_gib']:.2f} GiB/device")  # fmt: skip
+                  f"fsdp2 peak {result['fsdp2_peak_gib']:.2f} GiB/device ({result['method']})")  # fmt: skip
 
 
 if __name__ == "__main__":

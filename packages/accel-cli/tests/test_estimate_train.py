@@ -117,3 +117,23 @@ def test_plan_config_runs_on_two_processes_under_the_memory(tmp_path) -> None:
     for p in peaks:
         assert p["engine"].startswith("FSDP"), p
         assert p["peak"] < memory, (p, memory)
+
+
+@pytest.mark.needs("transformers")
+def test_train_extrapolate_matches_whole_trace(tmp_path) -> None:
+    """--extrapolate on a Llama of 6 identical layers: the rows of the whole trace, each
+    saying it was extrapolated."""
+    cfg = {**LLAMA, "hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 6}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    argv = ("estimate-memory", tmp_path, "--train", "--json", "--batch_size", 4, "--seq_len", 128,
+            "--num_processes", 2, "--engines", "fsdp2", "--mixed_precision", "bf16")  # fmt: skip
+    fast, whole = _accel(*argv, "--extrapolate"), _accel(*argv)
+    assert fast.returncode == 0 and whole.returncode == 0, fast.stderr + whole.stderr
+    fast_rows, whole_rows = json.loads(fast.stdout), json.loads(whole.stdout)
+    assert len(fast_rows) == len(whole_rows) == 4
+    for a, b in zip(fast_rows, whole_rows, strict=True):
+        assert (
+            a.pop("method")
+            == f"{b.pop('method')} (3, 4 and 5 of 6 LlamaDecoderLayer blocks, extrapolated)"
+        )
+        assert a == b

@@ -154,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
         "mixed_precision": args.mixed_precision or "no",
         "optimizer": args.optimizer or "adamw",
         "engines": args.engines or memory.ENGINES,
+        "extrapolate": bool(getattr(args, "extrapolate", None)),
     }
     factory = model_factory(args.model_name)
     try:

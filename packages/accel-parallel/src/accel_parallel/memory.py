@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from accel_parallel import _memory_engines as rules
+from accel_parallel import _memory_repeat as repeat
 from accel_parallel import _memory_trace as trace
 
 __all__ = [
@@ -135,10 +136,32 @@ class _Tracer:
                  optimizer: str, mixed_precision: str, group: Any = None) -> None:  # fmt: skip
         self.model, self.batch, self.group = model, batch, group
         self.batch_size, self.seq_len = batch_size, seq_len
+        self.optimizer = optimizer
         self.make_optimizer = trace.optimizer_factory(optimizer)
         self.mixed_precision = mixed_precision
         self.cache: dict[tuple, tuple[trace.Traced | None, trace.Sizes, str | None]] = {}
         self._template: nn.Module | None = None
+        self.blocks: repeat.Blocks | None = None
+        self.count: int | None = None  # with `blocks`: trace only this many of them
+
+    def truncated(self, blocks: repeat.Blocks, count: int) -> _Tracer:
+        """A tracer of the same model holding only the first `count` of `blocks`."""
+        other = _Tracer(self.model, self.batch, self.batch_size, self.seq_len, self.optimizer,
+                        self.mixed_precision, self.group)  # fmt: skip
+        other._template, other.blocks, other.count = self.template(), blocks, count
+        return other
+
+    def sizes(self, ac: bool, reshard: bool = True) -> trace.Sizes:
+        """The model's sizes (the traced copy's, when truncated)."""
+        from accel_parallel._fsdp_plugin import FullyShardedDataParallelPlugin
+        from accel_parallel._parallelize import fsdp_units
+
+        plugin = FullyShardedDataParallelPlugin(
+            reshard_after_forward=reshard, activation_checkpointing=ac
+        )
+        source = self.template()
+        with repeat.truncated(self.blocks, self.count):
+            return trace.sizes_of(source, fsdp_units(source, plugin))
 
     def template(self) -> nn.Module:
         """The model built once (on the meta device for a factory), copied for each trace."""
@@ -185,13 +208,13 @@ class _Tracer:
 
                 strategy._mesh = DeviceMesh.from_group(self.group, "cpu")
             strategy._device_mesh()  # made outside fake mode
-        source = self.template()
-        sizes = trace.sizes_of(source, fsdp_units(source, plugin))
+        sizes = self.sizes(ac, reshard)
         precision = self.mixed_precision
         dtype = None
         if cast and precision != "no":  # as DeepSpeed runs bf16/fp16: no autocast
             dtype, precision = trace.AUTOCAST[precision], "no"
-        model = trace.fake_model(source, mode, dtype)
+        with repeat.truncated(self.blocks, self.count):
+            model = trace.fake_model(self.template(), mode, dtype)
         units = fsdp_units(model, plugin)
         with mode:
             if strategy is not None:
@@ -207,6 +230,18 @@ class _Tracer:
             except trace.TraceError as exc:
                 return None, sizes, f"could not trace {exc.module} ({type(exc.cause).__name__})"
         return traced, sizes, None
+
+
+class _Sized:
+    """The traced steps of `traced` with the sizes of `sized`'s model."""
+
+    def __init__(self, traced: _Tracer, sized: _Tracer) -> None:
+        self.traced, self.sized = traced, sized
+
+    def run(self, world_size: int | None, ac: bool, reshard: bool = True,
+            cast: bool = False) -> tuple:  # fmt: skip
+        traced, _, failure = self.traced.run(world_size, ac, reshard, cast)
+        return traced, self.sized.sizes(ac, reshard), failure
 
 
 def _approximate(
@@ -233,6 +268,7 @@ def estimate_training_memory(
     reshard_after_forward: Iterable[bool] = (True, False),
     parallelism: Any = None,
     group: Any = None,
+    extrapolate: bool = False,
 ) -> list[MemoryEstimate]:
     """The per-device peak of one training step for each engine and option.
 
@@ -244,6 +280,14 @@ def estimate_training_memory(
     its mean. FSDP2 is traced over a fake process group made here, or, where a process
     group is already initialized, over `group`: one made by every rank with
     ``torch.distributed.new_group(backend="fake")``, of `world_size` ranks.
+
+    With `extrapolate`, a model of N identical blocks (a decoder's layers) is traced with 3, 4
+    and 5 of them and each part extended linearly to N (several times faster for a large N;
+    the row's `method` says so); the rows then agree with the whole model's trace only while
+    the peak stays at the same moment of the step from 5 blocks to N (a moment that grows
+    faster with the blocks can overtake it, and the result is then short: by 8 KiB of 28 MB
+    for ZeRO-1 on a small Llama of 8 layers). Models without such blocks, or whose three traces do not lie on one line, are
+    traced whole.
     """
     engines = _check(engines, world_size, parallelism)
     trace.check_precision(mixed_precision)
@@ -258,17 +302,53 @@ def estimate_training_memory(
         )
     tracer = _Tracer(model, batch, batch_size, seq_len, optimizer, mixed_precision, group)
     common = {"world_size": world_size, "mixed_precision": mixed_precision}
-    out: list[MemoryEstimate] = []
-    for ac in acs:
-        if any(e != "fsdp2" for e in engines):
-            out.extend(_derived_rows(tracer, engines, ac, offload, optimizer, common))
-        if "fsdp2" in engines:
-            for reshard in reshard_after_forward:
-                out.extend(_fsdp2_rows(tracer, ac, reshard, offload, optimizer, common))
+    offload, reshards = list(offload), list(reshard_after_forward)
+
+    def rows(source: _Tracer | _Sized) -> list[MemoryEstimate]:
+        out: list[MemoryEstimate] = []
+        for ac in acs:
+            if any(e != "fsdp2" for e in engines):
+                out.extend(_derived_rows(source, engines, ac, offload, optimizer, common))
+            if "fsdp2" in engines:
+                for reshard in reshards:
+                    out.extend(_fsdp2_rows(source, ac, reshard, offload, optimizer, common))
+        return out
+
+    return (extrapolate and _extrapolated(tracer, rows, world_size)) or rows(tracer)
+
+
+def _extrapolated(
+    tracer: _Tracer, rows: Callable[[Any], list[MemoryEstimate]], world_size: int
+) -> list[MemoryEstimate] | None:
+    """The rows of a model of N identical blocks from traces of FIRST, FIRST + 1 and
+    FIRST + 2 of them, each part extended linearly to N (see `_memory_repeat`); None (trace
+    the whole model) without such blocks, when a block's size does not divide by the world
+    size, when a copy cannot be traced, or when the three do not lie on one line."""
+    blocks = repeat.repeated_blocks(tracer.template())
+    if blocks is None:
+        return None
+    block = blocks.container[0]
+    params = list(block.parameters())
+    if any(x % world_size for x in (sum(p.numel() for p in params),
+                                    sum(p.numel() * p.element_size() for p in params))):  # fmt: skip
+        return None
+    counts = range(repeat.FIRST, repeat.FIRST + 3)
+    copies = [tracer.truncated(blocks, k) for k in counts]
+    traced = [rows(c) for c in copies]
+    if any(r.method == "approximate" for variant in traced for r in variant):
+        return None
+    method = (f"{counts[0]}, {counts[1]} and {counts[2]} of {blocks.count} "
+              f"{type(block).__name__} blocks, extrapolated")  # fmt: skip
+    out = []
+    for row, *variants in zip(rows(_Sized(copies[0], tracer)), *traced, strict=True):
+        parts = repeat.extrapolate([v.parts for v in variants], blocks.count)
+        if parts is None:
+            return None
+        out.append(dataclasses.replace(row, parts=parts, method=f"{row.method} ({method})"))
     return out
 
 
-def _derived_rows(tracer: _Tracer, engines: list[str], ac: bool, offload: Iterable[bool],
+def _derived_rows(tracer: _Tracer | _Sized, engines: list[str], ac: bool, offload: Iterable[bool],
                   optimizer: str, common: dict) -> list[MemoryEstimate]:  # fmt: skip
     """DDP and ZeRO rows: the plain model's traced step, with the engines' rules."""
     world_size, precision = common["world_size"], common["mixed_precision"]
@@ -308,7 +388,7 @@ def _derived_rows(tracer: _Tracer, engines: list[str], ac: bool, offload: Iterab
     return rows
 
 
-def _fsdp2_rows(tracer: _Tracer, ac: bool, reshard: bool, offload: Iterable[bool],
+def _fsdp2_rows(tracer: _Tracer | _Sized, ac: bool, reshard: bool, offload: Iterable[bool],
                 optimizer: str, common: dict) -> list[MemoryEstimate]:  # fmt: skip
     """FSDP2 rows: the step traced with FSDP2 applied; offload by its rule."""
     world_size = common["world_size"]
