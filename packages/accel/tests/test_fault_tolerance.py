@@ -81,3 +81,30 @@ def test_stop_request_and_batch_size_search_agree_across_ranks() -> None:
     for result in results:
         assert result["stop"] == [False, False, True, True]
         assert result["batch"] == [8, 4]
+
+
+_REPEATED_STOP = """
+import os, signal, sys
+from accel import Accelerator
+
+acc = Accelerator(cpu=True)
+assert not acc.should_stop()  # installs the handlers
+os.kill(os.getpid(), signal.SIGTERM)
+assert acc.should_stop()
+assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN, signal.getsignal(signal.SIGTERM)
+os.kill(os.getpid(), signal.SIGTERM)  # the same stop again, as SLURM + a launcher send it
+print("saved and returned", flush=True)
+"""
+
+
+def test_a_repeated_stop_signal_after_the_stop_is_agreed_does_not_kill_the_process() -> None:
+    """A second SIGTERM after the run agreed to stop (and while it saves or exits) is ignored,
+    so the process exits 0 instead of dying by the signal after it saved."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _REPEATED_STOP], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert "saved and returned" in done.stdout

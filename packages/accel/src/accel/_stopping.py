@@ -70,7 +70,26 @@ class StoppingMixin:
         install_stop_handlers()
         local = 1.0 if stop_signal_received() else 0.0
         if self.num_processes == 1:  # type: ignore[attr-defined]
-            return local > 0
-        this: Any = self
-        flag = torch.tensor([local], device=this._collective_device())
-        return bool(this.reduce(flag, "sum").item() > 0)
+            stop = local > 0
+        else:
+            this: Any = self
+            flag = torch.tensor([local], device=this._collective_device())
+            stop = bool(this.reduce(flag, "sum").item() > 0)
+        if stop:
+            ignore_repeated_stop_signals()
+        return stop
+
+
+def ignore_repeated_stop_signals() -> None:
+    """Once a stop is agreed, further SIGTERM / SIGUSR1 are ignored (where ours handle them).
+
+    The same stop often arrives twice: SLURM signals every process of a step and the launcher
+    passes its own on. A repeat that lands while the interpreter shuts down, after the run
+    saved and returned, would otherwise kill the process with the signal (Python puts the
+    default handlers back at exit), and the launcher would report a failure instead of the
+    stop. SIGKILL, and a launcher's escalation to it, still end the process."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) is _on_stop_signal:
+            signal.signal(sig, signal.SIG_IGN)
