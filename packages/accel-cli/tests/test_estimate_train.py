@@ -63,7 +63,7 @@ def _accel(*argv: object, cwd: object = None) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.needs("transformers")
+@pytest.mark.needs("transformers", "accel_parallel")
 def test_train_json_rows_from_config_folder(tmp_path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(LLAMA))
     proc = _accel("estimate-memory", tmp_path, "--train", "--json", "--batch_size", 2,
@@ -81,6 +81,7 @@ def test_train_json_rows_from_config_folder(tmp_path) -> None:
     assert "fsdp2+offload" in text.stdout and "peak MiB" in text.stdout
 
 
+@pytest.mark.needs("accel_parallel")
 def test_plan_needs_device_memory_and_reports_nothing_fits(tmp_path) -> None:
     (tmp_path / "plan_models.py").write_text(FACTORY)
     proc = _accel("estimate-memory", "plan_models:mlp", "--plan", cwd=tmp_path)
@@ -93,6 +94,7 @@ def test_plan_needs_device_memory_and_reports_nothing_fits(tmp_path) -> None:
     assert proc.returncode != 0 and "'9 parsecs'" in proc.stderr
 
 
+@pytest.mark.needs("accel_parallel", "accel")
 def test_plan_config_runs_on_two_processes_under_the_memory(tmp_path) -> None:
     (tmp_path / "plan_models.py").write_text(FACTORY)
     (tmp_path / "train.py").write_text(textwrap.dedent(TRAIN))
@@ -119,7 +121,7 @@ def test_plan_config_runs_on_two_processes_under_the_memory(tmp_path) -> None:
         assert p["peak"] < memory, (p, memory)
 
 
-@pytest.mark.needs("transformers")
+@pytest.mark.needs("transformers", "accel_parallel")
 def test_train_extrapolate_matches_whole_trace(tmp_path) -> None:
     """--extrapolate on a Llama of 6 identical layers: the rows of the whole trace, each
     saying it was extrapolated."""
