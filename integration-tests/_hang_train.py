@@ -50,7 +50,7 @@ for step, batch in enumerate(loader):
         else:
             accelerator.gather(loss.detach())
     if SCENARIO == "killed" and step == 2 and RANK == 1:
-        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGKILL)).start()
+        threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGKILL)).start()
         time.sleep(5)  # killed here, while rank 0 waits in the gather below
     accelerator.gather(loss.detach())
 accelerator.wait_for_everyone()
