@@ -28,14 +28,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import socket
 import statistics
 import time
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -117,41 +115,11 @@ def run_cases(args: argparse.Namespace, world: int) -> dict[str, Any]:
     return {kind: measure(kind, args, world) for kind in ("tiny", "medium")}
 
 
-def _worker(rank: int, world: int, port: int, args: argparse.Namespace, queue: Any) -> None:
-    os.environ.update(
-        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-    )  # fmt: skip
-    try:
-        dist.init_process_group("gloo")
-        result = run_cases(args, world)
-        queue.put((rank, result if rank == 0 else None))
-    except BaseException as exc:
-        import traceback
-
-        queue.put((rank, f"rank {rank} failed: {exc!r}\n{traceback.format_exc()}"))
-        raise
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
 def run_ddp(args: argparse.Namespace, world: int) -> dict[str, Any]:
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = [ctx.Process(target=_worker, args=(r, world, port, args, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results = dict(queue.get() for _ in procs)
-    for p in procs:
-        p.join()
-    failures = [r for r in results.values() if isinstance(r, str)]
-    if failures:
-        raise RuntimeError("\n".join(failures))
-    return results[0]
+    """`world` gloo processes on loopback (accel_state.testing); rank 0's timings come back."""
+    from accel_state.testing import run_distributed
+
+    return run_distributed(run_cases, args, world, world_size=world, timeout=3600)[0]
 
 
 def report(title: str, result: dict[str, Any]) -> None:

@@ -5,6 +5,7 @@ EXPECTED = [
     "AlignDevicesHook",
     "CheckpointReader",
     "CpuOffload",
+    "CustomDtype",
     "LayerwiseCastingHook",
     "LoadResult",
     "ModelHook",

@@ -67,6 +67,7 @@ from accel_bigmodel._planning import (
 )
 from accel_bigmodel._reader import CheckpointReader
 from accel_bigmodel._sizes import (
+    CustomDtype,
     calculate_maximum_sizes,
     check_device_same,
     compute_module_sizes,
@@ -96,6 +97,7 @@ __all__ = [
     "AlignDevicesHook",
     "CheckpointReader",
     "CpuOffload",
+    "CustomDtype",
     "LayerwiseCastingHook",
     "LoadResult",
     "ModelHook",

@@ -12,11 +12,11 @@ from typing import Any
 
 import torch
 
+from accel_bigmodel._sizes import CustomDtype
+
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _QUANT_TYPES = ("fp4", "nf4")
 _DEFAULT_INT8_THRESHOLD = 6.0
-INT4 = "int4"
-"""The 4-bit target dtype in device-map sizes (equal to accelerate's `CustomDtype.INT4`)."""
 
 
 def _require(ok: bool, name: str, value: object, accepted: str) -> None:
@@ -38,7 +38,7 @@ class BnbQuantizationConfig:
     """Settings for bitsandbytes 8-bit or 4-bit loading; exactly one of `load_in_8bit` and
     `load_in_4bit` is True. After construction the dtype fields are torch dtypes
     (`torch_dtype` defaults to fp16 for 8-bit, to the compute dtype for 4-bit) and
-    `target_dtype` is `torch.int8` or "int4" (accelerate's `CustomDtype.INT4`, a str enum)."""
+    `target_dtype` is `torch.int8` or `CustomDtype.INT4`."""
 
     load_in_8bit: bool = False
     llm_int8_threshold: float = _DEFAULT_INT8_THRESHOLD
@@ -74,7 +74,7 @@ class BnbQuantizationConfig:
         for name in ("skip_modules", "keep_in_fp32_modules"):
             value = getattr(self, name)
             _require(value is None or isinstance(value, list), name, value, "a list of strings")
-        self.target_dtype: torch.dtype | str = INT4 if self.load_in_4bit else torch.int8
+        self.target_dtype: torch.dtype | str = CustomDtype.INT4 if self.load_in_4bit else torch.int8
         if self.load_in_4bit and self.llm_int8_threshold != _DEFAULT_INT8_THRESHOLD:
             warnings.warn(
                 f"llm_int8_threshold={self.llm_int8_threshold!r} is ignored with load_in_4bit=True:"

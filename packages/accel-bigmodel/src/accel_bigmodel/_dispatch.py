@@ -31,13 +31,8 @@ from accel_bigmodel._sizes import (
     _device_sort_key,
     check_device_exists,
     normalize_device,
+    torch_device,
 )
-
-
-def _torch_device(device: Device | torch.device) -> torch.device:
-    if isinstance(device, torch.device):
-        return device
-    return torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
 
 
 def _under(name: str, keys: Iterable[str]) -> bool:
@@ -92,7 +87,7 @@ def dispatch_model(
         main_device = real[0] if real else "cpu"
     main = normalize_device(main_device)
     if len(devices) == 1 and "disk" not in devices and not force_hooks:
-        _place_all(model, _torch_device(devices.pop()))
+        _place_all(model, torch_device(devices.pop()))
         model.hf_device_map = dict(device_map)
         return model
     offloaded = {k for k, v in device_map.items() if v == "disk" or (v == "cpu" and main != "cpu")}
@@ -127,7 +122,7 @@ def dispatch_model(
         weights_map = loader
     _check_no_meta(model, device_map, offloaded, weights_map)
     execution = {k: main if k in offloaded or v == "disk" else v for k, v in device_map.items()}
-    execution = {k: _torch_device(v) for k, v in execution.items()}
+    execution = {k: torch_device(v) for k, v in execution.items()}
     modules = {n for n, _ in model.named_modules()}
     for name in [k for k in device_map if k not in modules]:  # keys naming single tensors
         set_module_tensor_to_device(model, name, execution[name], value=weights_map.get(name))
@@ -137,8 +132,8 @@ def dispatch_model(
         offload_buffers=offload_buffers, skip_keys=skip_keys,
         preload_module_classes=preload_module_classes,
     )  # fmt: skip
-    if prefetch and _torch_device(main).type == "cuda":
-        Prefetcher.attach(model, _torch_device(main))
+    if prefetch and torch_device(main).type == "cuda":
+        Prefetcher.attach(model, torch_device(main))
     model.hf_device_map = dict(device_map)
     return model
 
@@ -181,7 +176,7 @@ def cpu_offload(
 
     Peak accelerator memory is one module's weights plus activations (two with prefetch).
     """
-    device = _torch_device(normalize_device(execution_device or _default_device()))
+    device = torch_device(normalize_device(execution_device or _default_device()))
     if state_dict is None:
         state_dict = {n: t.detach().to("cpu") for n, t in model.state_dict(keep_vars=True).items()}
     # The input-device hook goes first, so it records where the caller's inputs were before
@@ -207,7 +202,7 @@ def disk_offload(
     """Write the weights to `offload_dir` (unless an index is there) and run from those files."""
     if not os.path.isfile(os.path.join(offload_dir, INDEX_NAME)):
         offload_state_dict(offload_dir, model.state_dict())
-    device = _torch_device(normalize_device(execution_device or _default_device()))
+    device = torch_device(normalize_device(execution_device or _default_device()))
     loader = OffloadedWeightsLoader(save_folder=offload_dir)
     # The input-device hook goes first, so it records where the caller's inputs were before
     # the model's own hook (a top-level buffer or parameter) moves them.
@@ -234,7 +229,7 @@ class CpuOffload(ModelHook):
         execution_device: Device | torch.device | None = None,
         prev_module_hook: UserCpuOffloadHook | None = None,
     ) -> None:
-        self.execution_device = _torch_device(
+        self.execution_device = torch_device(
             normalize_device(execution_device or _default_device())
         )
         self.prev_module_hook = prev_module_hook

@@ -24,6 +24,7 @@ from accel_bigmodel._quant_params import (
     release_int8_state,
     stats_keys,
 )
+from accel_bigmodel._sizes import torch_device
 
 
 class ModelHook:
@@ -161,9 +162,7 @@ def find_device(data: Any) -> torch.device | None:
 
 
 def _device(device: torch.device | str | int | None) -> torch.device | None:
-    if device is None or isinstance(device, torch.device):
-        return device
-    return torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    return None if device is None else torch_device(device)
 
 
 def place_module(

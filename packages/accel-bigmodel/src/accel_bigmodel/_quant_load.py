@@ -24,7 +24,7 @@ from accel_bigmodel._modeling import get_module
 from accel_bigmodel._offload import offload_weight
 from accel_bigmodel._placer import Placer, Plan
 from accel_bigmodel._quant_params import empty_meta, quantize_param, scb_key
-from accel_bigmodel._sizes import Device
+from accel_bigmodel._sizes import Device, torch_device
 
 
 @functools.cache
@@ -80,9 +80,7 @@ class QuantizingPlacer(Placer):
         if plan.target is None:  # to disk: quantized on the main device, then written out
             self._offload(name, owner, meta, value)
             return
-        device = torch.device("cuda", plan.device) if isinstance(plan.device, int) else None
-        device = device or torch.device(plan.device)
-        owner._parameters[attr] = quantize_param(meta, owner, value, device)
+        owner._parameters[attr] = quantize_param(meta, owner, value, torch_device(plan.device))
         del value
         return_freed_memory()
 

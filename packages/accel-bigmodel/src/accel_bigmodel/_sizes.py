@@ -7,6 +7,7 @@ index, "cpu", "disk", or a string such as "cuda:1") to bytes or to a string such
 
 from __future__ import annotations
 
+import enum
 import re
 from collections.abc import Iterable, Mapping
 
@@ -28,6 +29,15 @@ _UNITS = {
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?(?:[eE][+-]?\d+)?)\s*([A-Za-z]*)\s*$")
 
 Device = int | str
+
+
+def torch_device(device: Device | torch.device) -> torch.device:
+    """A device map's device (an int is a CUDA index) as a torch.device."""
+    if isinstance(device, torch.device):
+        return device
+    return torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+
+
 """A device as device maps spell it: a GPU index, "cpu", "disk", "mps", or "cuda:1"."""
 
 
@@ -60,8 +70,17 @@ def convert_file_size_to_int(size: int | float | str) -> int:
     )
 
 
-_CUSTOM_BYTES = {"int2": 0.25, "int4": 0.5, "fp8": 1}
-"""Bytes per element of the quantized dtypes torch has no name for (`CustomDtype` values)."""
+class CustomDtype(str, enum.Enum):
+    """Dtypes torch has no name for, used in `special_dtypes` of device maps (a str enum:
+    `CustomDtype.INT4 == "int4"`)."""
+
+    FP8 = "fp8"
+    INT4 = "int4"
+    INT2 = "int2"
+
+
+_CUSTOM_BYTES = {CustomDtype.INT2: 0.25, CustomDtype.INT4: 0.5, CustomDtype.FP8: 1}
+"""Bytes per element of the quantized dtypes torch has no name for."""
 
 
 def dtype_byte_size(dtype: torch.dtype | str) -> int | float:

@@ -46,7 +46,7 @@ from accel_bigmodel._placer import Placer
 from accel_bigmodel._quant_load import QuantizingPlacer, quantize_param
 from accel_bigmodel._quant_params import empty_meta, scb_key
 from accel_bigmodel._reader import CheckpointReader
-from accel_bigmodel._sizes import Device, normalize_device
+from accel_bigmodel._sizes import Device, normalize_device, torch_device
 
 __all__ = [
     "BnbQuantizationConfig",
@@ -114,8 +114,7 @@ def _main_device(device_map: Mapping[str, Device]) -> torch.device:
     real = [d for d in device_map.values() if d not in ("cpu", "disk")]
     if not real:
         return torch.device("cpu")
-    first = sorted(real, key=str)[0]
-    return torch.device("cuda", first) if isinstance(first, int) else torch.device(first)
+    return torch_device(sorted(real, key=str)[0])
 
 
 def _default_device() -> Device:

@@ -182,6 +182,9 @@ class DDPStrategy(Strategy):
         register_comm_hook(wrapped, self.kwargs)
         return wrapped
 
+    def memory_engine(self) -> tuple[str, dict[str, Any]]:
+        return "ddp", {"activation_checkpointing": False}
+
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
         if isinstance(model, nn.parallel.DistributedDataParallel):
             return model.no_sync()

@@ -111,6 +111,14 @@ class DeepSpeedStrategy(Strategy):
 
         return DistributedType.DEEPSPEED
 
+    def memory_engine(self) -> tuple[str, dict[str, Any]]:
+        plugin = self.active_plugin
+        stage = 2 if plugin.zero_stage is None else int(plugin.zero_stage)
+        if stage == 0:
+            return "ddp", {"activation_checkpointing": False}
+        offload = (plugin.offload_optimizer_device or "none") != "none"
+        return f"zero{stage}", {"offload": offload, "activation_checkpointing": False}
+
     def _active_name(self) -> str:
         return next(name for name, p in self.plugins.items() if p.selected)
 

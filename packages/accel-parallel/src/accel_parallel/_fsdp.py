@@ -69,6 +69,14 @@ class FSDP2Strategy(Strategy):
 
         return DistributedType.FSDP
 
+    def memory_engine(self) -> tuple[str, dict[str, Any]]:
+        plugin = self.plugin
+        return "fsdp2", {
+            "reshard_after_forward": bool(plugin.reshard_after_forward),
+            "offload": bool(plugin.cpu_offload),
+            "activation_checkpointing": bool(plugin.activation_checkpointing),
+        }
+
     # -- preparing -----------------------------------------------------------------------
     def _device_mesh(self) -> Any:
         """The mesh FSDP2 shards over: every process, on one dimension."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
 from accel_parallel._registry import StrategyRequest, register_strategy
@@ -14,6 +16,9 @@ class SingleDeviceStrategy(Strategy):
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         return self.move_model(model)
+
+    def memory_engine(self) -> tuple[str, dict[str, Any]]:
+        return "ddp", {"activation_checkpointing": False}  # DDP on one process: the plain step
 
 
 def _build(request: StrategyRequest) -> SingleDeviceStrategy:

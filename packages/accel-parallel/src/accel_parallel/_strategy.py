@@ -106,6 +106,11 @@ class Strategy:
         topology alone says `topology` (FSDP, DEEPSPEED, ...; else `topology`)."""
         return topology
 
+    def memory_engine(self) -> tuple[str, dict[str, Any]] | None:
+        """How `accel_parallel.memory` estimates this engine: its engine name ("ddp",
+        "fsdp2", "zero1".."zero3") and options; None where it is not estimated."""
+        return None
+
     # -- data parallel (a device mesh narrows these to its data-parallel dimensions) ------
     device_mesh: Any = None
 

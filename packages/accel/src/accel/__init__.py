@@ -24,7 +24,7 @@ _LAZY = {
     "find_executable_batch_size": "accel._memory",
     "release_memory": "accel._memory",
     "prepare_pippy": "accel._pippy",
-    "StepMetricsKwargs": "accel._step_metrics",
+    "StepMetricsKwargs": "accel._config",
     "AcceleratedOptimizer": "accel._wrappers",
     "AcceleratedScheduler": "accel._wrappers",
     "cpu_offload": "accel_bigmodel",
@@ -58,13 +58,12 @@ if TYPE_CHECKING:
     from accel._accelerator_state import AcceleratorState
     from accel._as_accelerate import use_as_accelerate
     from accel._compat._imports import is_rich_available
-    from accel._config import ProfileKwargs, ProjectConfiguration
+    from accel._config import ProfileKwargs, ProjectConfiguration, StepMetricsKwargs
     from accel._dynamo import TorchDynamoPlugin
     from accel._gradient_state import GradientAccumulationPlugin, GradientState
     from accel._launchers import debug_launcher, notebook_launcher
     from accel._memory import find_executable_batch_size, release_memory
     from accel._pippy import prepare_pippy
-    from accel._step_metrics import StepMetricsKwargs
     from accel._wrappers import AcceleratedOptimizer, AcceleratedScheduler
     from accel_bigmodel import (
         cpu_offload,

@@ -24,13 +24,17 @@ from accel import _accelerator_config as _config_of
 from accel._accelerator_state import AcceleratorState
 from accel._checkpoint import Checkpointer
 from accel._collectives_mixin import CollectivesMixin
-from accel._config import ProfileKwargs, ProjectConfiguration, sort_kwargs_handlers
+from accel._config import (
+    ProfileKwargs,
+    ProjectConfiguration,
+    sort_kwargs_handlers,
+    step_metrics_for,
+)
 from accel._diagnostics import start_hang_doctor, start_oom_snapshot
 from accel._dynamo import TorchDynamoPlugin, resolve_dynamo_plugin
 from accel._gradient_state import GradientAccumulationPlugin, GradientState
 from accel._mesh_mixin import MeshMixin
 from accel._prepare_mixin import PrepareMixin, devices_of_dispatched
-from accel._step_metrics import step_metrics_for
 from accel._stopping import StoppingMixin
 from accel._tracking_mixin import TrackingMixin
 from accel._wrappers import AcceleratedOptimizer, AcceleratedScheduler

@@ -7,7 +7,6 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from accel._step_metrics import StepMetricsKwargs
 from accel_parallel import DistributedDataParallelKwargs
 from accel_precision import (
     AORecipeKwargs,
@@ -88,6 +87,47 @@ class ProfileKwargs:
     with_flops: bool = False
     with_modules: bool = False
     output_trace_dir: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StepMetricsKwargs:
+    """Options of the step metrics; passing it in `kwargs_handlers` turns them on.
+
+    ``print_every``: print the metrics line on the main process every this many optimizer
+    steps (0: never). ``log_every``: send the metrics to `accelerator.log` every this many
+    optimizer steps (0: never)."""
+
+    print_every: int = 10
+    log_every: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("print_every", "log_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(
+                    f"StepMetricsKwargs({name}={value!r}): expected a whole number of optimizer "
+                    f"steps >= 0 (0 turns it off)."
+                )
+
+
+def step_metrics_for(
+    owner: Any, log_step_metrics: bool | None, options: StepMetricsKwargs | None
+) -> Any:
+    """The Accelerator's StepMetrics, or None when off. On with `log_step_metrics=True`, a
+    StepMetricsKwargs handler, or `accel launch --step_metrics` (the code's value wins)."""
+    from accel._accelerator_config import from_launch
+
+    if log_step_metrics is False and options is not None:
+        raise ValueError(
+            f"log_step_metrics=False contradicts kwargs_handlers' {options!r}, which turns the "
+            f"step metrics on; pass one of them."
+        )
+    on = from_launch("step_metrics", log_step_metrics, False) or options is not None
+    if not on:
+        return None
+    from accel._step_metrics import StepMetrics  # only a run that measures imports it
+
+    return StepMetrics(owner, options or StepMetricsKwargs())
 
 
 _HANDLER_SLOTS: dict[type, str] = {

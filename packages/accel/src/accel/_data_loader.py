@@ -40,13 +40,22 @@ class RngSyncObserver:
         self.gradient_state.end(loader)
 
 
-class DataLoaderShard(accel_data.DataLoaderShard):
+class _TimedBatches:
+    """The batches of a prepared loader, timed and counted by the Accelerator's StepMetrics
+    when step metrics are on (`step_metrics` set by `prepare`)."""
+
+    step_metrics: Any = None
+
+    def _batches(self, skip: int) -> Iterator[Any]:
+        batches = super()._batches(skip)  # type: ignore[misc]
+        return batches if self.step_metrics is None else self.step_metrics.timed(batches)
+
+
+class DataLoaderShard(_TimedBatches, accel_data.DataLoaderShard):
     """accel_data's DataLoaderShard that reports its iterations to the shared GradientState
     (its `gradient_state`), as the loaders of accelerate do, also when built directly; built
     directly with `rng_types`, it synchronizes those generators (`synchronized_generator` for
     "generator") from the main process at each epoch start, as accelerate's does."""
-
-    step_metrics: Any = None  # the Accelerator's StepMetrics when on: it times the batches
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -62,24 +71,14 @@ class DataLoaderShard(accel_data.DataLoaderShard):
         self.gradient_state = GradientState()
         self.iteration_observer = self.gradient_state
 
-    def _batches(self, skip: int) -> Iterator[Any]:
-        batches = super()._batches(skip)
-        return batches if self.step_metrics is None else self.step_metrics.timed(batches)
 
-
-class DataLoaderDispatcher(accel_data.DataLoaderDispatcher):
+class DataLoaderDispatcher(_TimedBatches, accel_data.DataLoaderDispatcher):
     """accel_data's DataLoaderDispatcher that reports its iterations to the shared
     GradientState (its `gradient_state`), also when built directly."""
-
-    step_metrics: Any = None  # the Accelerator's StepMetrics when on: it times the batches
 
     def _on_init(self) -> None:
         self.gradient_state = GradientState()
         self.iteration_observer = self.gradient_state
-
-    def _batches(self, skip: int) -> Iterator[Any]:
-        batches = super()._batches(skip)
-        return batches if self.step_metrics is None else self.step_metrics.timed(batches)
 
 
 def iteration_observer(gradient_state: GradientState, rng_types: list[Any] | None) -> Any:

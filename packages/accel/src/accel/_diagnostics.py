@@ -12,13 +12,15 @@ import sys
 import warnings
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from accel import _accelerator_config as _config_of
 from accel_state import resolved_launch_config
-from accel_state.hang import REPORT_DIR_NAME, HangDoctor, process_group_store
+
+if TYPE_CHECKING:
+    from accel_state.hang import HangDoctor
 
 OOM_SNAPSHOT_DIR = "memory_snapshot"
 _OOM_HISTORY_ENTRIES = 100_000  # allocator events kept (torch's own default)
@@ -45,6 +47,8 @@ def start_hang_doctor(
             f"longer is diagnosed as a hang), or None to leave the hang doctor off."
         )
     from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from accel_state.hang import REPORT_DIR_NAME, HangDoctor, process_group_store
 
     doctor = HangDoctor(
         float(timeout),

@@ -58,29 +58,6 @@ def example_batch(objects: tuple[Any, ...], half: bool = False) -> Any:
     return None
 
 
-def _engine(strategy: Any) -> tuple[str, dict[str, Any]] | None:
-    """The estimator's engine name and options for the strategy about to wrap the models."""
-    from accel_parallel import DDPStrategy, DeepSpeedStrategy, FSDP2Strategy, SingleDeviceStrategy
-
-    if isinstance(strategy, FSDP2Strategy) and getattr(strategy, "shards", True):
-        plugin = strategy.plugin
-        return "fsdp2", {
-            "reshard_after_forward": bool(plugin.reshard_after_forward),
-            "offload": bool(plugin.cpu_offload),
-            "activation_checkpointing": bool(plugin.activation_checkpointing),
-        }
-    if isinstance(strategy, DDPStrategy | SingleDeviceStrategy):
-        return "ddp", {"activation_checkpointing": False}
-    if isinstance(strategy, DeepSpeedStrategy):
-        plugin = next(iter(strategy.plugins.values()))
-        stage = 2 if plugin.zero_stage is None else int(plugin.zero_stage)
-        if stage == 0:
-            return "ddp", {"activation_checkpointing": False}
-        offload = (plugin.offload_optimizer_device or "none") != "none"
-        return f"zero{stage}", {"offload": offload, "activation_checkpointing": False}
-    return None
-
-
 def check_at_prepare(accelerator: Any, models: list[nn.Module], optimizers: list[Any],
                      objects: tuple[Any, ...]) -> None:  # fmt: skip
     """Warn (main process) when a model's predicted peak exceeds the memory; see the module
@@ -88,7 +65,7 @@ def check_at_prepare(accelerator: Any, models: list[nn.Module], optimizers: list
     limit = requested_memory(getattr(accelerator, "memory_check", None), accelerator.device)
     if limit is None or not models:
         return
-    engine = _engine(accelerator.strategy)
+    engine = accelerator.strategy.memory_engine()
     batch = example_batch(objects)
     if engine is None or batch is None:
         why = "its engine is not estimated" if engine is None else "no map-style DataLoader"

@@ -25,7 +25,6 @@ gradient all-reduce that already makes every rank wait for it, on every rank's s
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -35,6 +34,8 @@ import torch
 from torch import nn
 
 from accel import _flops
+from accel._config import StepMetricsKwargs
+from accel_state import find_batch_size
 
 # The keys of `accelerator.step_metrics` (documented, relied on by scripts and tests).
 METRIC_KEYS = (
@@ -47,43 +48,6 @@ METRIC_KEYS = (
     "data_wait_fraction",
 )
 LOG_PREFIX = "perf/"
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class StepMetricsKwargs:
-    """Options of the step metrics; passing it in `kwargs_handlers` turns them on.
-
-    ``print_every``: print the metrics line on the main process every this many optimizer
-    steps (0: never). ``log_every``: send the metrics to `accelerator.log` every this many
-    optimizer steps (0: never)."""
-
-    print_every: int = 10
-    log_every: int = 1
-
-    def __post_init__(self) -> None:
-        for name in ("print_every", "log_every"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(
-                    f"StepMetricsKwargs({name}={value!r}): expected a whole number of optimizer "
-                    f"steps >= 0 (0 turns it off)."
-                )
-
-
-def step_metrics_for(
-    owner: Any, log_step_metrics: bool | None, options: StepMetricsKwargs | None
-) -> StepMetrics | None:
-    """The Accelerator's StepMetrics, or None when off. On with `log_step_metrics=True`, a
-    StepMetricsKwargs handler, or `accel launch --step_metrics` (the code's value wins)."""
-    from accel._accelerator_config import from_launch
-
-    if log_step_metrics is False and options is not None:
-        raise ValueError(
-            f"log_step_metrics=False contradicts kwargs_handlers' {options!r}, which turns the "
-            f"step metrics on; pass one of them."
-        )
-    on = from_launch("step_metrics", log_step_metrics, False) or options is not None
-    return StepMetrics(owner, options or StepMetricsKwargs()) if on else None
 
 
 class StepMetrics:
@@ -302,22 +266,7 @@ def batch_counts(batch: Any) -> tuple[int, Any]:
             return int(mask.shape[0]), mask.sum()
         if isinstance(ids, torch.Tensor) and ids.ndim >= 1:
             return int(ids.shape[0]), ids.numel()
-        batch = list(batch.values())
-    first = _first_tensor(batch)
-    return (int(first.shape[0]) if first is not None and first.ndim >= 1 else 0), None
-
-
-def _first_tensor(obj: Any) -> torch.Tensor | None:
-    if isinstance(obj, torch.Tensor):
-        return obj
-    if isinstance(obj, Mapping):
-        obj = list(obj.values())
-    if isinstance(obj, (list, tuple)):
-        for item in obj:
-            found = _first_tensor(item)
-            if found is not None:
-                return found
-    return None
+    return find_batch_size(batch) or 0, None
 
 
 def _shapes(values: Any) -> list[tuple[int, ...]]:

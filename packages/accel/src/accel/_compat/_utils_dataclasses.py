@@ -9,6 +9,8 @@ from typing import Any
 
 from torch import nn
 
+from accel_bigmodel import CustomDtype  # noqa: F401  (accelerate's path)
+
 
 class EnumWithContains(enum.EnumMeta):
     """Enum metaclass whose `in` accepts values: `"fp16" in PrecisionLike` is True."""
@@ -39,14 +41,6 @@ class FP8BackendType(str, enum.Enum):
     TE = "TE"
     MSAMP = "MSAMP"
     AO = "AO"
-
-
-class CustomDtype(str, enum.Enum):
-    """Dtypes torch has no name for, used in `special_dtypes` of device maps."""
-
-    FP8 = "fp8"
-    INT4 = "int4"
-    INT2 = "int2"
 
 
 class DynamoBackend(str, enum.Enum):

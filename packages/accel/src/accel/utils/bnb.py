@@ -12,32 +12,15 @@ from accel_bigmodel import (
     init_empty_weights,
     load_checkpoint_in_model,
     offload_weight,
+    quantization,
     set_module_tensor_to_device,
 )
-from accel_bigmodel.quantization import (
-    BnbQuantizationConfig,
-    get_keys_to_not_convert,
-    get_parameter_device,
-    get_quantized_model_device_map,
-    has_4bit_bnb_layers,
-    load_and_quantize_model,
-    quantize_and_offload_8bit,
-    replace_with_bnb_layers,
-)
+from accel_bigmodel.quantization import *  # noqa: F403  (the names it declares)
 
-__all__ = [
-    "get_keys_to_not_convert",
-    "get_parameter_device",
-    "get_quantized_model_device_map",
-    "has_4bit_bnb_layers",
-    "load_and_quantize_model",
-    "quantize_and_offload_8bit",
-    "replace_with_bnb_layers",
-]
+__all__ = [*quantization.__all__]
 
 # accelerate's module binds these too; users import them from here
 __all__ += [
-    "BnbQuantizationConfig",
     "dispatch_model",
     "find_tied_parameters",
     "get_balanced_memory",
