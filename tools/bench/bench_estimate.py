@@ -7,10 +7,11 @@ size 8, bf16 autocast, batch 1 x 2048 tokens. Printed per model: wall seconds of
 estimate (building the fake model included, interpreter start and imports not) and the
 child's peak RSS (`ru_maxrss`), plus the FSDP2 row's peak.
 
-With `--extrapolate`, the 32 (80) decoder layers are traced as 3, 4 and 5 layers and each
-part extended linearly (`extrapolate=True`).
+By default (as the estimate runs) the 32 (80) decoder layers are traced as 3, 4 and 5
+layers and each part extended linearly; `--trace_whole` traces every layer
+(`extrapolate=False`).
 
-    uv run --frozen python tools/bench/bench_estimate.py [--models 8b 70b] [--extrapolate]
+    uv run --frozen python tools/bench/bench_estimate.py [--models 8b 70b] [--trace_whole]
 """
 
 from __future__ import annotations
@@ -62,12 +63,12 @@ def write_config(folder: Path, size: str) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(LLAMA3), choices=list(LLAMA3))
-    parser.add_argument("--extrapolate", action="store_true")
+    parser.add_argument("--trace_whole", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         for size in args.models:
             folder = write_config(Path(tmp), size)
-            out = subprocess.run([sys.executable, "-c", CHILD, str(folder), str(int(args.extrapolate))], capture_output=True,
+            out = subprocess.run([sys.executable, "-c", CHILD, str(folder), str(int(not args.trace_whole))], capture_output=True,
                                  text=True, check=True)  # fmt: skip
             result = json.loads(out.stdout.strip().splitlines()[-1])
             print(f"llama3-{size}: {result['seconds']:.1f} s, estimator peak RSS "

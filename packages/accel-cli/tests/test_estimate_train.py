@@ -12,6 +12,7 @@ import subprocess
 import textwrap
 
 import pytest
+import yaml
 
 from accel_testkit.launch import accel_command, launch_command, worker_env
 
@@ -82,6 +83,27 @@ def test_train_json_rows_from_config_folder(tmp_path) -> None:
     assert "fsdp2+offload" in text.stdout and "peak MiB" in text.stdout
 
 
+@pytest.mark.needs("transformers", "accel_parallel")
+def test_tensor_parallel_rows_and_pipeline_refused(tmp_path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA))
+    argv = ("estimate-memory", tmp_path, "--train", "--json", "--seq_len", 16)
+    proc = _accel(*argv, "--num_processes", 4, "--tp_size", 2, "--engines", "fsdp2")
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert {(r["engine"], r["tp_size"], r["reshard_after_forward"]) for r in rows} == {
+        ("fsdp2", 2, True), ("fsdp2", 2, False)}  # fmt: skip
+    proc = _accel(*argv[:-3], "--plan", "--num_processes", 2, "--tp_size", 2, "--device_memory",
+                  "1GiB", "--plan_file", tmp_path / "tp.yaml", "--engines", "fsdp2")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "best: tp2" in proc.stdout, proc.stdout
+    config = yaml.safe_load((tmp_path / "tp.yaml").read_text())
+    assert config["parallelism_config"] == {
+        "parallelism_config_tp_size": 2, "parallelism_config_dp_shard_size": 1}  # fmt: skip
+    assert config["num_processes"] == 2 and config["distributed_type"] == "MULTI_GPU"
+    proc = _accel(*argv, "--num_processes", 2, "--pp_size", 2)
+    assert proc.returncode != 0 and "pp_size=2" in proc.stderr, proc.stderr
+
+
 @pytest.mark.needs("accel_parallel")
 def test_plan_needs_device_memory_and_reports_nothing_fits(tmp_path) -> None:
     (tmp_path / "plan_models.py").write_text(FACTORY)
@@ -125,13 +147,13 @@ def test_plan_config_runs_on_two_processes_under_the_memory(tmp_path) -> None:
 
 @pytest.mark.needs("transformers", "accel_parallel")
 def test_train_extrapolate_matches_whole_trace(tmp_path) -> None:
-    """--extrapolate on a Llama of 6 identical layers: the rows of the whole trace, each
-    saying it was extrapolated."""
+    """A Llama of 6 identical layers is extrapolated by default: the rows of the whole trace
+    (--trace_whole), each saying it was extrapolated."""
     cfg = {**LLAMA, "hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 6}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     argv = ("estimate-memory", tmp_path, "--train", "--json", "--batch_size", 4, "--seq_len", 128,
             "--num_processes", 2, "--engines", "fsdp2", "--mixed_precision", "bf16")  # fmt: skip
-    fast, whole = _accel(*argv, "--extrapolate"), _accel(*argv)
+    fast, whole = _accel(*argv), _accel(*argv, "--trace_whole")
     assert fast.returncode == 0 and whole.returncode == 0, fast.stderr + whole.stderr
     fast_rows, whole_rows = json.loads(fast.stdout), json.loads(whole.stdout)
     assert len(fast_rows) == len(whole_rows) == 4

@@ -97,6 +97,9 @@ def render(rows: list[Any], device_memory: int | None) -> str:
     out = ["  ".join(str(x).rjust(w) if i else str(x).ljust(w)
                      for i, (x, w) in enumerate(zip(line, widths))) for line in [head, *lines]]  # fmt: skip
     methods = sorted({r.method for r in rows})
+    shared = {m.partition(" (")[2] for m in methods}
+    if len(shared) == 1 and shared != {""}:  # every row extrapolated the same way: say it once
+        methods = [m.partition(" (")[0] for m in methods] + [f"each {shared.pop()[:-1]}"]
     out.append(f"per device; method: {'; '.join(methods)}")
     notes = sorted({n for r in rows for n in r.notes})
     out += [f"note: {n}" for n in notes]
@@ -111,7 +114,12 @@ def launch_config(row: Any) -> dict[str, Any]:
         "num_processes": row.world_size,
         "mixed_precision": row.mixed_precision,
     }
-    if row.engine == "ddp":
+    if row.tp_size > 1:
+        cfg["parallelism_config"] = {
+            "parallelism_config_tp_size": row.tp_size,
+            "parallelism_config_dp_shard_size": row.world_size // row.tp_size,
+        }
+    if row.engine in ("ddp", "tp"):
         cfg["distributed_type"] = "MULTI_GPU" if row.world_size > 1 else "NO"
     elif row.engine == "fsdp2":
         cfg["distributed_type"] = "FSDP"
@@ -154,8 +162,13 @@ def run(args: argparse.Namespace) -> int:
         "mixed_precision": args.mixed_precision or "no",
         "optimizer": args.optimizer or "adamw",
         "engines": args.engines or memory.ENGINES,
-        "extrapolate": bool(getattr(args, "extrapolate", None)),
+        "extrapolate": not args.trace_whole,
     }
+    if (args.tp_size or 1) > 1 or (args.pp_size or 1) > 1:
+        from types import SimpleNamespace
+
+        options["parallelism"] = SimpleNamespace(tp_size=args.tp_size or 1,
+                                                 pp_size=args.pp_size or 1)  # fmt: skip
     factory = model_factory(args.model_name)
     try:
         if args.plan:

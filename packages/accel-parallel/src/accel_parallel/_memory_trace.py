@@ -257,6 +257,41 @@ class Traced:
 
     peak: dict[str, int]
     moments: list[dict[str, int]]
+    collective_bytes: int = 0  # what the functional collectives (tensor parallel's) moved
+
+
+class _CollectiveBytes:
+    """Counts the bytes the functional collectives of one step move per rank: tensor
+    parallel's all-reduces (twice their tensor, as a ring sends it), all-gathers (their
+    output) and reduce-scatters (their input). FSDP2's own collectives are not functional
+    ones, so they are not counted here."""
+
+    _FACTOR = {"all_reduce": 2, "all_reduce_": 2, "all_gather_into_tensor": 1,
+               "reduce_scatter_tensor": 1, "all_to_all_single": 1}  # fmt: skip
+
+    def __init__(self) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                                   kwargs: Any = None) -> Any:  # fmt: skip
+                counter.count(func, args)
+                return func(*args, **(kwargs or {}))
+
+        self.nbytes = 0
+        self.mode = Mode()
+
+    def count(self, func: Any, args: Any) -> None:
+        if func.namespace != "_c10d_functional" or func._opname not in self._FACTOR:
+            return
+        if func._opname == "all_gather_into_tensor":
+            shard, group_size = args[0], int(args[1])
+            self.nbytes += shard.numel() * shard.element_size() * group_size
+        else:
+            tensor = args[0]
+            self.nbytes += self._FACTOR[func._opname] * tensor.numel() * tensor.element_size()
 
 
 def run_traced(
@@ -278,12 +313,14 @@ def run_traced(
     else:
         tracker = MemTracker()
         tracker.track_external(model, optimizer, *tensors)
+    collectives = _CollectiveBytes()
     with _where(model) as stack:
         try:
             for i in range(2):
                 if i:
                     tracker.reset_mod_stats()
-                with tracker:
+                    collectives.nbytes = 0
+                with tracker, collectives.mode:
                     train_step(model, optimizer, batch, mixed_precision)
         except Exception as exc:
             where = stack[-1] if stack else "(optimizer step or loss)"
@@ -295,7 +332,7 @@ def run_traced(
         for snapshots in stats.snapshots.values()
         for snapshot in snapshots
     ]
-    return Traced(peak, [peak, *moments])
+    return Traced(peak, [peak, *moments], collectives.nbytes)
 
 
 def sizes_of(model: nn.Module, units: list[nn.Module]) -> Sizes:

@@ -138,6 +138,13 @@ class MeshStrategy(OnMeshView, FSDP2Strategy):
         if isinstance(model, FSDPModule):
             return model
         model = self.move_model(model)
+        self.split_tensors(model)
+        if self.shards:
+            self.shard(model)
+        return model
+
+    def split_tensors(self, model: nn.Module) -> None:
+        """Tensor parallel on the ``tp`` sub-mesh (nothing without it), in place."""
         if self.config.tp_enabled:
             handler = self.config.tp_handler
             apply_tensor_parallel(
@@ -147,9 +154,14 @@ class MeshStrategy(OnMeshView, FSDP2Strategy):
                 enable_async_tp=bool(handler and handler.enable_async_tp),
                 sequence_parallel=bool(handler and handler.sequence_parallel),
             )
-        if self.shards:
-            self.shard(model)
-        return model
+
+    def memory_engine(self) -> tuple[str, dict[str, Any]] | None:
+        """FSDP2's estimate where the mesh only shards; a mesh that also splits tensors,
+        replicates or splits the sequence is not estimated at prepare."""
+        config = self.config
+        if config.tp_enabled or config.cp_enabled or config.dp_replicate_size > 1:
+            return None
+        return super().memory_engine()
 
     # -- the step ----------------------------------------------------------------------------------
     @contextlib.contextmanager

@@ -164,9 +164,11 @@ def apply_fsdp(
 def apply_activation_checkpointing(model: nn.Module, blocks: Iterable[nn.Module]) -> None:
     """Recompute the activations of each block (the whole model without blocks) in backward
     (torch's checkpoint, non-reentrant). The blocks keep their identity and parameter names:
-    their forward runs under checkpoint."""
+    their forward runs under checkpoint. A transformers model trains without its KV cache
+    (`_no_cache_in_training`)."""
     from torch.utils.checkpoint import checkpoint
 
+    _no_cache_in_training(model)
     targets = list(blocks) or [model]
     for block in targets:
         forward = block.forward
@@ -175,3 +177,27 @@ def apply_activation_checkpointing(model: nn.Module, blocks: Iterable[nn.Module]
             return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
 
         block.forward = run
+
+
+def _no_cache_in_training(model: nn.Module) -> None:
+    """A transformers model whose config says `use_cache` builds a KV cache in forward, and
+    recomputing a block appends its keys to that cache a second time: the recomputed
+    attention sees twice the keys and backward fails on mismatched shapes. In training its
+    forward gets ``use_cache=False`` (what transformers' own gradient checkpointing does);
+    eval and `generate` keep the cache."""
+    config = getattr(model, "config", None)
+    if not getattr(config, "use_cache", False):
+        return
+    try:
+        takes = "use_cache" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        takes = False
+    if not takes:
+        return
+
+    def no_cache(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if module.training:
+            kwargs["use_cache"] = False
+        return args, kwargs
+
+    model.register_forward_pre_hook(no_cache, with_kwargs=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -38,6 +39,7 @@ __all__ = [
 ]
 
 ENGINES = ("ddp", "fsdp2", "zero1", "zero2", "zero3")
+TP_ENGINE = "tp"  # the engine of a mesh that splits tensors and does not shard (dp 1)
 _ZERO_NOTE = "ZeRO partitioning applied by the ZeRO stage rules to the traced sizes"
 OPTIMIZERS = tuple(trace.OPTIMIZERS)  # the optimizer names `optimizer=` takes
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -56,6 +58,7 @@ class MemoryEstimate:
     activation_checkpointing: bool
     offload: bool = False
     reshard_after_forward: bool | None = None
+    tp_size: int = 1
     parts: dict[str, int]
     method: str
     comm_bytes: int = 0
@@ -73,6 +76,10 @@ class MemoryEstimate:
 
     def label(self) -> str:
         bits = [self.engine]
+        if self.tp_size > 1 and self.engine != TP_ENGINE:
+            bits.append(f"tp{self.tp_size}")
+        elif self.tp_size > 1:
+            bits[0] = f"tp{self.tp_size}"
         if self.reshard_after_forward is False:
             bits.append("no-reshard")
         if self.offload:
@@ -86,6 +93,7 @@ class MemoryEstimate:
         return {
             "engine": self.engine,
             "world_size": self.world_size,
+            "tp_size": self.tp_size,
             "offload": self.offload,
             "reshard_after_forward": self.reshard_after_forward,
             "activation_checkpointing": self.activation_checkpointing,
@@ -112,29 +120,42 @@ def parse_memory(value: str | int | float) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
-def _check(engines: Iterable[str], world_size: int, parallelism: Any) -> list[str]:
+def _check(engines: Iterable[str], world_size: int, parallelism: Any) -> tuple[list[str], int]:
+    """The engines asked for and the tensor-parallel degree, checked."""
     engines = list(engines)
-    unknown = [e for e in engines if e not in ENGINES]
+    unknown = [e for e in engines if e not in (*ENGINES, TP_ENGINE)]
     if unknown:
-        raise ValueError(f"engines {unknown}: expected some of {list(ENGINES)}.")
+        raise ValueError(f"engines {unknown}: expected some of {[*ENGINES, TP_ENGINE]}.")
     if world_size < 1:
         raise ValueError(f"world_size={world_size}: expected at least 1.")
-    if parallelism is not None:
-        tp, pp = getattr(parallelism, "tp_size", 1), getattr(parallelism, "pp_size", 1)
-        if tp > 1 or pp > 1:
-            raise NotImplementedError(
-                f"tp_size={tp}, pp_size={pp}: tensor and pipeline degrees are not estimated "
-                "yet; estimate the data-parallel engines (tp_size=pp_size=1)."
-            )
-    return engines
+    if parallelism is None:
+        return engines, 1
+    size = {k: int(getattr(parallelism, f"{k}_size", 1) or 1)
+            for k in ("tp", "pp", "cp", "dp_replicate")}  # fmt: skip
+    if size["pp"] > 1 or size["cp"] > 1 or size["dp_replicate"] > 1:
+        raise NotImplementedError(
+            f"pp_size={size['pp']}, cp_size={size['cp']}, dp_replicate_size="
+            f"{size['dp_replicate']}: pipeline, context and replicated (HSDP) degrees are not "
+            "estimated yet; estimate with those at 1 (tp_size and the data-parallel engines "
+            "are estimated)."
+        )
+    tp = size["tp"]
+    if tp > 1 and world_size % tp:
+        raise ValueError(
+            f"tp_size={tp} does not divide world_size={world_size}: the mesh is tp_size x "
+            f"dp_shard_size processes; pass a world size that is a multiple of {tp}."
+        )
+    return engines, tp
 
 
 class _Tracer:
     """Runs (and caches) the traced steps one estimate needs."""
 
     def __init__(self, model: Any, batch: Any, batch_size: int, seq_len: int | None,
-                 optimizer: str, mixed_precision: str, group: Any = None) -> None:  # fmt: skip
+                 optimizer: str, mixed_precision: str, group: Any = None,
+                 parallelism: Any = None) -> None:  # fmt: skip
         self.model, self.batch, self.group = model, batch, group
+        self.parallelism = parallelism  # with tp_size > 1: traced on the device mesh
         self.batch_size, self.seq_len = batch_size, seq_len
         self.optimizer = optimizer
         self.make_optimizer = trace.optimizer_factory(optimizer)
@@ -147,7 +168,7 @@ class _Tracer:
     def truncated(self, blocks: repeat.Blocks, count: int) -> _Tracer:
         """A tracer of the same model holding only the first `count` of `blocks`."""
         other = _Tracer(self.model, self.batch, self.batch_size, self.seq_len, self.optimizer,
-                        self.mixed_precision, self.group)  # fmt: skip
+                        self.mixed_precision, self.group, self.parallelism)  # fmt: skip
         other._template, other.blocks, other.count = self.template(), blocks, count
         return other
 
@@ -199,10 +220,11 @@ class _Tracer:
         )
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         strategy = None
-        if world_size is not None:
-            strategy = FSDP2Strategy(
-                ProcessInfo(torch.device("cpu"), world_size, 0), plugin, self.mixed_precision
-            )
+        info = ProcessInfo(torch.device("cpu"), world_size or 1, 0)
+        if world_size is not None and self.parallelism is not None:
+            strategy = _mesh_strategy(info, self.parallelism, plugin, self.mixed_precision)
+        elif world_size is not None:
+            strategy = FSDP2Strategy(info, plugin, self.mixed_precision)
             if self.group is not None:
                 from torch.distributed.device_mesh import DeviceMesh
 
@@ -218,7 +240,7 @@ class _Tracer:
         units = fsdp_units(model, plugin)
         with mode:
             if strategy is not None:
-                strategy.shard(model)
+                _apply(strategy, model)
             elif ac:
                 apply_activation_checkpointing(model, units)
             opt = self.make_optimizer(model.parameters())
@@ -226,10 +248,42 @@ class _Tracer:
             if batch is None:
                 batch = trace.default_batch(model, self.batch_size, self.seq_len)
             try:
-                traced = trace.run_traced(model, opt, batch, precision, strategy is not None)
+                sharded = strategy is not None and getattr(strategy, "shards", True)
+                with warnings.catch_warnings():  # a tensor-parallel loss is a view: FSDP2 warns
+                    warnings.filterwarnings("ignore", "FSDP2-wrapped module .* view tensor")
+                    traced = trace.run_traced(model, opt, batch, precision, sharded)
             except trace.TraceError as exc:
                 return None, sizes, f"could not trace {exc.module} ({type(exc.cause).__name__})"
         return traced, sizes, None
+
+
+def _mesh_strategy(info: Any, parallelism: Any, plugin: Any, mixed_precision: str) -> Any:
+    """The mesh strategy of tp_size x (world / tp_size) sharded ranks, as `prepare` makes it
+    for a ParallelismConfig with these degrees (its tp_plan kept)."""
+    from accel_parallel._mesh import MeshStrategy
+    from accel_parallel._parallelism_config import ParallelismConfig
+
+    tp = parallelism.tp_size
+    config = ParallelismConfig(tp_size=tp, dp_shard_size=info.num_processes // tp,
+                               tp_plan=getattr(parallelism, "tp_plan", None))  # fmt: skip
+    strategy = MeshStrategy(info, config, plugin, mixed_precision)
+    _ = strategy.device_mesh  # made outside fake mode
+    return strategy
+
+
+def _apply(strategy: Any, model: nn.Module) -> None:
+    """The engine applied to the fake model, in fake mode: FSDP2's sharding, or the mesh's
+    tensor split then sharding. FSDP2 builds the combined data-parallel x tensor mesh of a
+    split parameter from a mesh tensor, which must be a real one."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    if not hasattr(strategy, "split_tensors"):
+        strategy.shard(model)
+        return
+    strategy.split_tensors(model)
+    if strategy.shards:
+        with unset_fake_temporarily():  # the parameters are fake: their shards are too
+            strategy.shard(model)
 
 
 class _Sized:
@@ -268,7 +322,7 @@ def estimate_training_memory(
     reshard_after_forward: Iterable[bool] = (True, False),
     parallelism: Any = None,
     group: Any = None,
-    extrapolate: bool = False,
+    extrapolate: bool = True,
 ) -> list[MemoryEstimate]:
     """The per-device peak of one training step for each engine and option.
 
@@ -281,15 +335,22 @@ def estimate_training_memory(
     group is already initialized, over `group`: one made by every rank with
     ``torch.distributed.new_group(backend="fake")``, of `world_size` ranks.
 
-    With `extrapolate`, a model of N identical blocks (a decoder's layers) is traced with 3, 4
-    and 5 of them and each part extended linearly to N (several times faster for a large N;
-    the row's `method` says so); the rows then agree with the whole model's trace only while
-    the peak stays at the same moment of the step from 5 blocks to N (a moment that grows
-    faster with the blocks can overtake it, and the result is then short: by 8 KiB of 28 MB
-    for ZeRO-1 on a small Llama of 8 layers). Models without such blocks, or whose three traces do not lie on one line, are
-    traced whole.
+    `parallelism` (a ParallelismConfig, or anything with `tp_size`): with tp_size > 1 the
+    step is traced on the device mesh as `prepare` builds it, tensor parallel over tp_size
+    ranks (the model's tp_plan, or the config's) and FSDP2 over world_size / tp_size; the
+    rows are the mesh's ("fsdp2" with `tp_size`, or "tp" alone). Pipeline, context and
+    replicated degrees are refused.
+
+    With `extrapolate` (the default), a model of more than 5 identical blocks (a decoder's
+    layers) is traced with 3, 4 and 5 of them and each part extended linearly to N (several
+    times faster for a large N; the row's `method` says so); the rows then agree with the
+    whole model's trace only while the peak stays at the same moment of the step from 5
+    blocks to N (a moment that grows faster with the blocks can overtake it, and the result
+    is then short: by 8 KiB of 28 MB for ZeRO-1 on a small Llama of 8 layers). Models
+    without such blocks, or whose three traces do not lie on one line, are traced whole;
+    `extrapolate=False` traces every model whole.
     """
-    engines = _check(engines, world_size, parallelism)
+    engines, tp = _check(engines, world_size, parallelism)
     trace.check_precision(mixed_precision)
     acs = (
         [activation_checkpointing]
@@ -300,12 +361,23 @@ def estimate_training_memory(
         raise ValueError(
             f"group has {group.size()} ranks, world_size={world_size}: make them equal."
         )
-    tracer = _Tracer(model, batch, batch_size, seq_len, optimizer, mixed_precision, group)
+    if tp > 1 and group is not None:
+        raise NotImplementedError(
+            f"tp_size={tp} with a process group: the mesh is traced over a fake process group "
+            "made here; estimate before init_process_group or in a separate process."
+        )
+    tracer = _Tracer(model, batch, batch_size, seq_len, optimizer, mixed_precision, group,
+                     parallelism if tp > 1 else None)  # fmt: skip
     common = {"world_size": world_size, "mixed_precision": mixed_precision}
     offload, reshards = list(offload), list(reshard_after_forward)
 
     def rows(source: _Tracer | _Sized) -> list[MemoryEstimate]:
         out: list[MemoryEstimate] = []
+        if tp > 1:
+            for ac in acs:
+                for reshard in reshards if world_size > tp else [True]:
+                    out.extend(_tp_rows(source, ac, reshard, tp, engines, optimizer, common))
+            return out
         for ac in acs:
             if any(e != "fsdp2" for e in engines):
                 out.extend(_derived_rows(source, engines, ac, offload, optimizer, common))
@@ -416,6 +488,33 @@ def _fsdp2_rows(tracer: _Tracer | _Sized, ac: bool, reshard: bool, offload: Iter
             parts = rules.by_category(traced.peak, trace.CATEGORY_OF)
             rows.append(MemoryEstimate(parts=parts, method="traced", **kw))
     return rows
+
+
+def _tp_rows(tracer: _Tracer | _Sized, ac: bool, reshard: bool, tp: int, engines: list[str],
+             optimizer: str, common: dict) -> list[MemoryEstimate]:  # fmt: skip
+    """The mesh's row: tensor parallel over `tp` ranks, FSDP2 over the world / tp others
+    (engine "fsdp2"), or tensor parallel alone (engine "tp"). The data-parallel engines
+    other than FSDP2 do not run with a tensor split in accel; they get no row."""
+    world_size, precision = common["world_size"], common["mixed_precision"]
+    dp = world_size // tp
+    engine = "fsdp2" if dp > 1 else TP_ENGINE
+    if engine not in engines and not (engine == TP_ENGINE and "fsdp2" in engines):
+        return []
+    traced, sizes, failure = tracer.run(world_size, ac, reshard)
+    comm = rules.fsdp2_cost(sizes, dp, precision, reshard) // tp if dp > 1 else 0
+    kw = {"engine": engine, "activation_checkpointing": ac, "tp_size": tp,
+          "reshard_after_forward": reshard if dp > 1 else None, **common}  # fmt: skip
+    split = (f"tensor parallel over {tp} ranks" + (f", FSDP2 over {dp}" if dp > 1 else "")
+             + "; CPU offload is not estimated with a tensor split")  # fmt: skip
+    if traced is None:
+        parts, notes = _approximate(sizes, optimizer, failure)
+        for k in ("weights", "gradients", "optimizer_states"):
+            parts[k] //= world_size
+        return [MemoryEstimate(parts=parts, method="approximate", comm_bytes=comm,
+                               notes=(*notes, split), **kw)]  # fmt: skip
+    parts = rules.by_category(traced.peak, trace.CATEGORY_OF)
+    comm += traced.collective_bytes
+    return [MemoryEstimate(parts=parts, method="traced", comm_bytes=comm, notes=(split,), **kw)]
 
 
 def plan_training(

@@ -68,13 +68,16 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         const=True,
         help="Recompute each block's activations in backward (--train).",
     )
+    add_flag(train, "tp_size", type=int, metavar="N",
+             help="Tensor-parallel degree: the mesh's row (FSDP2 over the other ranks).")  # fmt: skip
+    add_flag(train, "pp_size", type=int, metavar="N", help="Pipeline degree (not estimated yet).")
     add_flag(
         train,
-        "extrapolate",
+        "trace_whole",
         action="store_const",
         const=True,
-        help="Trace 3, 4 and 5 of a model's N identical layers and extend each part linearly "
-        "to N (faster; exact while the peak stays at the same moment of the step).",
+        help="Trace every layer. By default a model of N identical layers is traced with 3, 4 "
+        "and 5 of them and each part extended linearly to N (the row's method says so).",
     )
     add_flag(train, "margin", type=float, help="Headroom --plan keeps (default 0.1).")
     add_flag(train, "plan_file", metavar="PATH", help="--plan's output (accel_plan.yaml).")
@@ -86,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from accel_cli import _estimate
     from accel_cli._model_shapes import load_shape
 
-    for name in ("num_processes", "batch_size", "seq_len"):
+    for name in ("num_processes", "batch_size", "seq_len", "tp_size", "pp_size"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ConfigError(f"--{name} {value}: expected at least 1.")
