@@ -81,6 +81,15 @@ def test_train_json_rows_from_config_folder(tmp_path) -> None:
     text = _accel("estimate-memory", tmp_path, "--train", "--engines", "fsdp2", "--seq_len", 16)
     assert text.returncode == 0, text.stderr
     assert "fsdp2+offload" in text.stdout and "peak MiB" in text.stdout
+    pipe = _accel("estimate-memory", tmp_path, "--train", "--json", "--batch_size", 4,
+                  "--seq_len", 16, "--num_processes", 2, "--pp_size", 2)  # fmt: skip
+    assert pipe.returncode == 0, pipe.stderr
+    (row,) = json.loads(pipe.stdout)
+    assert row["engine"] == "pp" and row["pp_size"] == 2 and len(row["stage_peak_bytes"]) == 2
+    assert row["peak_bytes"] == max(row["stage_peak_bytes"]) and "1F1B" in row["method"]
+    refused = _accel("estimate-memory", tmp_path, "--plan", "--pp_size", 2, "--num_processes", 2,
+                     "--device_memory", "1GiB")  # fmt: skip
+    assert refused.returncode == 2 and "holds no pipeline degree" in refused.stderr
 
 
 @pytest.mark.needs("transformers", "accel_parallel")

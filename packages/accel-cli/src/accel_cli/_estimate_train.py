@@ -167,8 +167,15 @@ def run(args: argparse.Namespace) -> int:
     if (args.tp_size or 1) > 1 or (args.pp_size or 1) > 1:
         from types import SimpleNamespace
 
-        options["parallelism"] = SimpleNamespace(tp_size=args.tp_size or 1,
-                                                 pp_size=args.pp_size or 1)  # fmt: skip
+        if args.plan and (args.pp_size or 1) > 1:
+            raise ConfigError(
+                "--plan writes an accel launch config, which holds no pipeline degree (set "
+                "ParallelismConfig(pp_size=...) in the script); estimate it with --train."
+            )
+        options["parallelism"] = SimpleNamespace(
+            tp_size=args.tp_size or 1, pp_size=args.pp_size or 1,
+            pp_microbatches=args.pp_microbatches, pp_schedule=args.pp_schedule,
+        )  # fmt: skip
     factory = model_factory(args.model_name)
     try:
         if args.plan:

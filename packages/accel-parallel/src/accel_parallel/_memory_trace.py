@@ -258,6 +258,7 @@ class Traced:
     peak: dict[str, int]
     moments: list[dict[str, int]]
     collective_bytes: int = 0  # what the functional collectives (tensor parallel's) moved
+    forward_saved: int = 0  # what the model's forward left allocated (saved for backward)
 
 
 class _CollectiveBytes:
@@ -300,9 +301,11 @@ def run_traced(
     batch: Any,
     mixed_precision: str,
     fsdp: bool,
+    step: Callable[[], None] | None = None,
 ) -> Traced:
     """Two steps under the tracker (the first makes the optimizer states); what the second
-    recorded. A failure names the module."""
+    recorded. `step` runs one step in place of `train_step` (a pipeline stage's). A failure
+    names the module."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -321,7 +324,10 @@ def run_traced(
                     tracker.reset_mod_stats()
                     collectives.nbytes = 0
                 with tracker, collectives.mode:
-                    train_step(model, optimizer, batch, mixed_precision)
+                    if step is not None:
+                        step()
+                    else:
+                        train_step(model, optimizer, batch, mixed_precision)
         except Exception as exc:
             where = stack[-1] if stack else "(optimizer step or loss)"
             raise TraceError(where, exc) from exc
@@ -332,7 +338,17 @@ def run_traced(
         for snapshots in stats.snapshots.values()
         for snapshot in snapshots
     ]
-    return Traced(peak, [peak, *moments], collectives.nbytes)
+    saved = 0
+    root = tracker.memory_tracking.get(model)
+    if root is not None:
+        from torch.distributed._tools.mem_tracker import _ModState
+
+        before, after = (
+            root.snapshots.get(state) for state in (_ModState.PRE_FW, _ModState.POST_FW)
+        )
+        if before and after:
+            saved = sum(raw_peak(after[-1]).values()) - sum(raw_peak(before[-1]).values())
+    return Traced(peak, [peak, *moments], collectives.nbytes, saved)
 
 
 def sizes_of(model: nn.Module, units: list[nn.Module]) -> Sizes:

@@ -40,6 +40,7 @@ __all__ = [
 
 ENGINES = ("ddp", "fsdp2", "zero1", "zero2", "zero3")
 TP_ENGINE = "tp"  # the engine of a mesh that splits tensors and does not shard (dp 1)
+PP_ENGINE = "pp"  # a pipeline over every process
 _ZERO_NOTE = "ZeRO partitioning applied by the ZeRO stage rules to the traced sizes"
 OPTIMIZERS = tuple(trace.OPTIMIZERS)  # the optimizer names `optimizer=` takes
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -59,6 +60,8 @@ class MemoryEstimate:
     offload: bool = False
     reshard_after_forward: bool | None = None
     tp_size: int = 1
+    pp_size: int = 1
+    stage_peaks: tuple[int, ...] = ()  # a pipeline's peak per stage (the row is the largest)
     parts: dict[str, int]
     method: str
     comm_bytes: int = 0
@@ -80,6 +83,8 @@ class MemoryEstimate:
             bits.append(f"tp{self.tp_size}")
         elif self.tp_size > 1:
             bits[0] = f"tp{self.tp_size}"
+        if self.pp_size > 1:
+            bits[0] = f"pp{self.pp_size}"
         if self.reshard_after_forward is False:
             bits.append("no-reshard")
         if self.offload:
@@ -94,6 +99,8 @@ class MemoryEstimate:
             "engine": self.engine,
             "world_size": self.world_size,
             "tp_size": self.tp_size,
+            "pp_size": self.pp_size,
+            **({"stage_peak_bytes": list(self.stage_peaks)} if self.stage_peaks else {}),
             "offload": self.offload,
             "reshard_after_forward": self.reshard_after_forward,
             "activation_checkpointing": self.activation_checkpointing,
@@ -120,24 +127,24 @@ def parse_memory(value: str | int | float) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
-def _check(engines: Iterable[str], world_size: int, parallelism: Any) -> tuple[list[str], int]:
-    """The engines asked for and the tensor-parallel degree, checked."""
+def _check(engines: Iterable[str], world_size: int, parallelism: Any) -> tuple[list[str], int, int]:
+    """The engines asked for and the tensor-parallel and pipeline degrees, checked."""
     engines = list(engines)
-    unknown = [e for e in engines if e not in (*ENGINES, TP_ENGINE)]
+    known = (*ENGINES, TP_ENGINE, PP_ENGINE)
+    unknown = [e for e in engines if e not in known]
     if unknown:
-        raise ValueError(f"engines {unknown}: expected some of {[*ENGINES, TP_ENGINE]}.")
+        raise ValueError(f"engines {unknown}: expected some of {list(known)}.")
     if world_size < 1:
         raise ValueError(f"world_size={world_size}: expected at least 1.")
     if parallelism is None:
-        return engines, 1
+        return engines, 1, 1
     size = {k: int(getattr(parallelism, f"{k}_size", 1) or 1)
             for k in ("tp", "pp", "cp", "dp_replicate")}  # fmt: skip
-    if size["pp"] > 1 or size["cp"] > 1 or size["dp_replicate"] > 1:
+    if size["cp"] > 1 or size["dp_replicate"] > 1:
         raise NotImplementedError(
-            f"pp_size={size['pp']}, cp_size={size['cp']}, dp_replicate_size="
-            f"{size['dp_replicate']}: pipeline, context and replicated (HSDP) degrees are not "
-            "estimated yet; estimate with those at 1 (tp_size and the data-parallel engines "
-            "are estimated)."
+            f"cp_size={size['cp']}, dp_replicate_size={size['dp_replicate']}: context and "
+            "replicated (HSDP) degrees are not estimated yet; estimate with those at 1 "
+            "(tp_size, pp_size and the data-parallel engines are estimated)."
         )
     tp = size["tp"]
     if tp > 1 and world_size % tp:
@@ -145,7 +152,7 @@ def _check(engines: Iterable[str], world_size: int, parallelism: Any) -> tuple[l
             f"tp_size={tp} does not divide world_size={world_size}: the mesh is tp_size x "
             f"dp_shard_size processes; pass a world size that is a multiple of {tp}."
         )
-    return engines, tp
+    return engines, tp, size["pp"]
 
 
 class _Tracer:
@@ -338,8 +345,11 @@ def estimate_training_memory(
     `parallelism` (a ParallelismConfig, or anything with `tp_size`): with tp_size > 1 the
     step is traced on the device mesh as `prepare` builds it, tensor parallel over tp_size
     ranks (the model's tp_plan, or the config's) and FSDP2 over world_size / tp_size; the
-    rows are the mesh's ("fsdp2" with `tp_size`, or "tp" alone). Pipeline, context and
-    replicated degrees are refused.
+    rows are the mesh's ("fsdp2" with `tp_size`, or "tp" alone). With pp_size equal to
+    world_size, one "pp" row: each stage traced alone on one micro-batch, with the 1F1B or
+    GPipe rule for the micro-batches it holds (`_memory_pipeline`); the row is the most loaded
+    stage, `stage_peaks` has every stage's. Context and replicated degrees, and a pipeline
+    beside other degrees, are refused.
 
     With `extrapolate` (the default), a model of more than 5 identical blocks (a decoder's
     layers) is traced with 3, 4 and 5 of them and each part extended linearly to N (several
@@ -350,7 +360,7 @@ def estimate_training_memory(
     without such blocks, or whose three traces do not lie on one line, are traced whole;
     `extrapolate=False` traces every model whole.
     """
-    engines, tp = _check(engines, world_size, parallelism)
+    engines, tp, pp = _check(engines, world_size, parallelism)
     trace.check_precision(mixed_precision)
     acs = (
         [activation_checkpointing]
@@ -361,6 +371,14 @@ def estimate_training_memory(
         raise ValueError(
             f"group has {group.size()} ranks, world_size={world_size}: make them equal."
         )
+    if pp > 1:
+        if any(acs):
+            raise NotImplementedError(
+                f"activation_checkpointing with pp_size={pp} is not estimated yet; estimate the "
+                "pipeline without it."
+            )
+        tracer = _Tracer(model, batch, batch_size, seq_len, optimizer, mixed_precision)
+        return [_pp_row(tracer, parallelism, world_size, mixed_precision)]
     if tp > 1 and group is not None:
         raise NotImplementedError(
             f"tp_size={tp} with a process group: the mesh is traced over a fake process group "
@@ -517,6 +535,42 @@ def _tp_rows(tracer: _Tracer | _Sized, ac: bool, reshard: bool, tp: int, engines
     return [MemoryEstimate(parts=parts, method="traced", comm_bytes=comm, notes=(split,), **kw)]
 
 
+def _pp_row(tracer: _Tracer, parallelism: Any, world_size: int,
+            mixed_precision: str) -> MemoryEstimate:  # fmt: skip
+    """The pipeline's row: its most loaded stage (see `_memory_pipeline`)."""
+    from accel_parallel import _memory_pipeline as pipe
+
+    template = tracer.template()
+    batch = tracer.batch(template) if callable(tracer.batch) else tracer.batch
+    if batch is None:
+        batch = trace.default_batch(template, tracer.batch_size, tracer.seq_len)
+    if not isinstance(batch, dict) or not {"input_ids", "labels"} <= set(batch):
+        raise ValueError(
+            "the pipeline estimate runs the stages on a batch of input_ids and labels; pass "
+            "batch={'input_ids': ..., 'labels': ...} (or a model with a vocabulary)."
+        )
+    pp = parallelism.pp_size
+    schedule, micro = pipe.pipeline_config(parallelism, world_size, batch["input_ids"].shape[0])
+    stages = pipe.stage_traces(template, parallelism, batch, micro, tracer.make_optimizer,
+                               mixed_precision)  # fmt: skip
+    per_stage = []
+    for index, (traced, saved, received, sent, grads) in enumerate(stages):
+        held = pipe.in_flight(schedule, pp, index, micro)
+        per_stage.append(pipe.stage_parts(traced, saved, received, sent, held, micro, grads))
+    worst = max(range(pp), key=lambda i: sum(per_stage[i].values()))
+    comm = max(micro * (received + sent) for _, _, received, sent, _ in stages)
+    peaks = ", ".join(
+        f"stage {i}: {sum(p.values()) / 2**20:.1f} MiB" for i, p in enumerate(per_stage)
+    )
+    return MemoryEstimate(
+        engine=PP_ENGINE, world_size=world_size, mixed_precision=mixed_precision,
+        activation_checkpointing=False, pp_size=pp, parts=per_stage[worst], comm_bytes=comm,
+        stage_peaks=tuple(sum(p.values()) for p in per_stage),
+        method=f"traced per stage + {schedule} rule",
+        notes=(f"{schedule}, {micro} micro-batches; the peak is stage {worst}'s ({peaks})",),
+    )  # fmt: skip
+
+
 def plan_training(
     model: nn.Module | Callable[[], nn.Module],
     *,
@@ -530,7 +584,8 @@ def plan_training(
     if not 0 <= margin < 1:
         raise ValueError(f"margin={margin}: expected a fraction in [0, 1), e.g. 0.1.")
     limit = parse_memory(device_memory) * (1 - margin)
-    options.setdefault("activation_checkpointing", (False, True))
+    pipeline = getattr(options.get("parallelism"), "pp_size", 1) > 1  # estimated without
+    options.setdefault("activation_checkpointing", (False,) if pipeline else (False, True))
     rows = estimate_training_memory(model, **options)
     fitting = [r for r in rows if r.peak_bytes <= limit]
     return sorted(fitting, key=lambda r: (r.step_cost, r.peak_bytes))

@@ -70,7 +70,11 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     add_flag(train, "tp_size", type=int, metavar="N",
              help="Tensor-parallel degree: the mesh's row (FSDP2 over the other ranks).")  # fmt: skip
-    add_flag(train, "pp_size", type=int, metavar="N", help="Pipeline degree (not estimated yet).")
+    add_flag(train, "pp_size", type=int, metavar="N",
+             help="Pipeline degree over every process (--train): the most loaded stage.")  # fmt: skip
+    add_flag(train, "pp_microbatches", type=int, metavar="N",
+             help="Micro-batches per batch with --pp_size (default: pp_size).")  # fmt: skip
+    add_flag(train, "pp_schedule", choices=["1F1B", "GPipe"], help="With --pp_size (1F1B).")
     add_flag(
         train,
         "trace_whole",
@@ -89,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     from accel_cli import _estimate
     from accel_cli._model_shapes import load_shape
 
-    for name in ("num_processes", "batch_size", "seq_len", "tp_size", "pp_size"):
+    for name in ("num_processes", "batch_size", "seq_len", "tp_size", "pp_size", "pp_microbatches"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ConfigError(f"--{name} {value}: expected at least 1.")
