@@ -12,6 +12,10 @@ layers and each part extended linearly; `--trace_whole` traces every layer
 (`extrapolate=False`).
 
     uv run --frozen python tools/bench/bench_estimate.py [--models 8b 70b] [--trace_whole]
+        [--tp_size 2 | --pp_size 8]
+
+`--tp_size` estimates the mesh's rows (tensor parallel x FSDP2 over the rest of the 8);
+`--pp_size 8` the pipeline over all 8 (1F1B, 8 micro-batches of 1 x 2048).
 """
 
 from __future__ import annotations
@@ -33,20 +37,23 @@ LLAMA3 = {
 CHILD = """
 import json, resource, sys, time
 import transformers
+from accel_parallel import ParallelismConfig
 from accel_parallel.memory import estimate_training_memory
 
 config = transformers.AutoConfig.from_pretrained(sys.argv[1], local_files_only=True)
+tp, pp = int(sys.argv[3]), int(sys.argv[4])
+degrees = ParallelismConfig(tp_size=tp, pp_size=pp) if tp > 1 or pp > 1 else None
 start = time.perf_counter()
 rows = estimate_training_memory(
     lambda: transformers.AutoModelForCausalLM.from_config(config),
-    world_size=8, batch_size=1, seq_len=2048, mixed_precision="bf16",
-    extrapolate=sys.argv[2] == "1",
+    world_size=8, batch_size=pp, seq_len=2048, mixed_precision="bf16",
+    extrapolate=sys.argv[2] == "1", parallelism=degrees,
 )
 seconds = time.perf_counter() - start
-fsdp2 = next(r for r in rows if r.label() == "fsdp2")
+main = rows[0] if degrees else next(r for r in rows if r.label() == "fsdp2")
 print(json.dumps({"seconds": seconds, "rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-                  "rows": len(rows), "fsdp2_peak_gib": fsdp2.peak_bytes / 2**30,
-                  "method": fsdp2.method}))
+                  "rows": len(rows), "label": main.label(), "peak_gib": main.peak_bytes / 2**30,
+                  "method": main.method}))
 """
 
 
@@ -64,16 +71,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(LLAMA3), choices=list(LLAMA3))
     parser.add_argument("--trace_whole", action="store_true")
+    parser.add_argument("--tp_size", type=int, default=1, help="tensor-parallel degree (of 8)")
+    parser.add_argument("--pp_size", type=int, default=1, help="pipeline degree: 8 (the batch "
+                        "is then 8 x 2048, one micro-batch per stage)")  # fmt: skip
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         for size in args.models:
             folder = write_config(Path(tmp), size)
-            out = subprocess.run([sys.executable, "-c", CHILD, str(folder), str(int(not args.trace_whole))], capture_output=True,
+            out = subprocess.run([sys.executable, "-c", CHILD, str(folder), str(int(not args.trace_whole)),
+                                  str(args.tp_size), str(args.pp_size)], capture_output=True,
                                  text=True, check=True)  # fmt: skip
             result = json.loads(out.stdout.strip().splitlines()[-1])
             print(f"llama3-{size}: {result['seconds']:.1f} s, estimator peak RSS "
                   f"{result['rss_kib'] / 2**20:.2f} GiB, {result['rows']} rows, "
-                  f"fsdp2 peak {result['fsdp2_peak_gib']:.2f} GiB/device ({result['method']})")  # fmt: skip
+                  f"{result['label']} peak {result['peak_gib']:.2f} GiB/device ({result['method']})")  # fmt: skip
 
 
 if __name__ == "__main__":
