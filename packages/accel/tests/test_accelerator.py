@@ -6,6 +6,7 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -453,6 +454,16 @@ def test_a_model_loaded_in_8bit_with_offload_is_refused() -> None:
     else:
         with pytest.raises(ValueError, match="CPU or disk offload"):
             acc.prepare_model(model)
+    # the backend check is read at the familiar path: patching it there holds (accelerate's
+    # own test does this)
+    model = make_model()
+    model.is_loaded_in_8bit = True
+    model.hf_device_map = {"": "cpu"}
+    no_cpu_backend = mock.patch(
+        "accel.accelerator.is_bitsandbytes_multi_backend_available", lambda: False
+    )
+    with no_cpu_backend, pytest.raises(ValueError, match="CPU or disk offload"):
+        acc.prepare_model(model)
     model = make_model()
     model.is_loaded_in_8bit = True
     model.hf_device_map = {"a": "cpu", "b": "disk"}

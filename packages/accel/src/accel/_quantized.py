@@ -34,9 +34,11 @@ def check_quantized_placement(model: Any, device: torch.device, distributed: boo
         )
     if len(devices) == 1:
         _check_same_device(next(iter(devices)), device)
-    from accel._compat._imports import is_bitsandbytes_multi_backend_available, is_xpu_available
+    # read at the familiar path, where accelerate's checks live, so that patching
+    # `accel.accelerator.is_bitsandbytes_multi_backend_available` (accelerate's tests do) holds
+    from accel import accelerator as familiar
 
-    cpu_ok = is_bitsandbytes_multi_backend_available() and not is_xpu_available()
+    cpu_ok = familiar.is_bitsandbytes_multi_backend_available() and not familiar.is_xpu_available()
     if "disk" in devices or ("cpu" in devices and not cpu_ok):
         raise ValueError(
             f"This model was loaded in 8-bit or 4-bit with CPU or disk offload (device map "
