@@ -116,10 +116,15 @@ class FSDP2Strategy(Strategy):
             )
         if not efficient:
             model = model.to(self.device)
-        self.shard(model)
+        self.parallelize(model)
         if efficient:
             self._broadcast_from_rank0(model, full_state)
         return model
+
+    def parallelize(self, model: nn.Module) -> None:
+        """The engine applied to `model` in place, where it is (`wrap_model` has moved it):
+        FSDP2's sharding here, tensor parallel first on a device mesh."""
+        self.shard(model)
 
     def shard(self, model: nn.Module) -> None:
         """Activation checkpointing (with the plugin's) and FSDP2 over this strategy's mesh."""

@@ -15,7 +15,6 @@ output's gradient (every stage but the last): the "communication" part.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -61,13 +60,13 @@ def _micro(batch: Any, micro: int) -> Any:
 
 
 def _loss_fn(model: nn.Module, parallelism: Any) -> Callable[..., torch.Tensor]:
-    from accel_parallel._pipeline_hf import is_transformers_decoder
+    """The loss the pipeline strategy gives its last stage: the config's, or a transformers
+    decoder's own."""
+    from accel_parallel._pipeline_hf import is_transformers_decoder, transformers_loss
 
     loss = getattr(parallelism, "pp_loss_fn", None)
     if loss is None and is_transformers_decoder(model):
-        return lambda logits, labels: model.loss_function(
-            logits=logits, labels=labels, vocab_size=model.config.vocab_size
-        )
+        return transformers_loss(model)
     if loss is None:
         raise ValueError(
             f"pipeline parallel: {type(model).__name__} has no built-in loss; give one with "
@@ -119,28 +118,36 @@ def stage_traces(
             x = torch.empty(inputs[index].shape, dtype=inputs[index].dtype)
             if x.is_floating_point():
                 x.requires_grad_(True)
-            labels = trace.faked(mb["labels"], mode)
             opt = optimizer(fake.parameters())
-
-            def step(fake=fake, x=x, labels=labels, last=last, opt=opt) -> None:
-                dtype = trace.AUTOCAST[mixed_precision]
-                ctx = torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
-                with ctx:
-                    y = fake(x)
-                    loss = loss_fn(y, labels) if last else None
-                if last:
-                    loss.backward()
-                else:
-                    y.backward(torch.empty_like(y))
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-
-            traced = trace.run_traced(fake, opt, (x,), mixed_precision, False, step=step)
+            if last:
+                stage_loss: Callable[[Any], torch.Tensor] = _LastStageLoss(
+                    loss_fn, trace.faked(mb["labels"], mode)
+                )
+            else:  # backpropagated from its output: a gradient of its shape
+                stage_loss = _output
+            traced = trace.run_traced(fake, opt, (x,), mixed_precision, False, stage_loss)
             saved = traced.forward_saved
             y_bytes = 0 if last else _nbytes(inputs[index + 1])
         grads = sum(_nbytes(p) for p in fake.parameters() if p.requires_grad)
         out.append((traced, saved, 0 if index == 0 else _nbytes(inputs[index]), y_bytes, grads))
     return out
+
+
+def _output(y: torch.Tensor) -> torch.Tensor:
+    return y
+
+
+class _LastStageLoss:
+    """The last stage's loss of its output and the labels; it holds the output through the
+    backward, as the schedule does (its forward outputs live until their backward)."""
+
+    def __init__(self, fn: Callable[..., torch.Tensor], labels: torch.Tensor) -> None:
+        self.fn, self.labels = fn, labels
+        self.output: torch.Tensor | None = None
+
+    def __call__(self, output: torch.Tensor) -> torch.Tensor:
+        self.output = output
+        return self.fn(output, self.labels)
 
 
 def _nbytes(t: torch.Tensor) -> int:

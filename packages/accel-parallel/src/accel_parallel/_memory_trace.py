@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 ModelSource = nn.Module | Callable[[], nn.Module]
 BatchFn = Callable[[nn.Module], Any]
@@ -182,14 +183,20 @@ def call_model(model: nn.Module, batch: Any) -> Any:
 
 
 def train_step(
-    model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any, mixed_precision: str
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Any,
+    mixed_precision: str,
+    loss_fn: Callable[[Any], torch.Tensor] = loss_of,
 ) -> None:
-    """Forward (under autocast for bf16/fp16), backward, optimizer step, zero_grad."""
+    """Forward and `loss_fn` (under autocast for bf16/fp16), backward, optimizer step,
+    zero_grad. A loss that is not a scalar (a pipeline stage's output) is backpropagated from
+    a gradient of its shape, as the next stage sends one."""
     dtype = AUTOCAST[mixed_precision]
     ctx = torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
     with ctx:
-        loss = loss_of(call_model(model, batch))
-    loss.backward()
+        loss = loss_fn(call_model(model, batch))
+    loss.backward(None if loss.dim() == 0 else torch.empty_like(loss))
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
@@ -261,7 +268,7 @@ class Traced:
     forward_saved: int = 0  # what the model's forward left allocated (saved for backward)
 
 
-class _CollectiveBytes:
+class _CollectiveBytes(TorchDispatchMode):
     """Counts the bytes the functional collectives of one step move per rank: tensor
     parallel's all-reduces (twice their tensor, as a ring sends it), all-gathers (their
     output) and reduce-scatters (their input). FSDP2's own collectives are not functional
@@ -271,28 +278,16 @@ class _CollectiveBytes:
                "reduce_scatter_tensor": 1, "all_to_all_single": 1}  # fmt: skip
 
     def __init__(self) -> None:
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        counter = self
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
-                                   kwargs: Any = None) -> Any:  # fmt: skip
-                counter.count(func, args)
-                return func(*args, **(kwargs or {}))
-
+        super().__init__()
         self.nbytes = 0
-        self.mode = Mode()
 
-    def count(self, func: Any, args: Any) -> None:
-        if func.namespace != "_c10d_functional" or func._opname not in self._FACTOR:
-            return
-        if func._opname == "all_gather_into_tensor":
-            shard, group_size = args[0], int(args[1])
-            self.nbytes += shard.numel() * shard.element_size() * group_size
-        else:
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func.namespace == "_c10d_functional" and func._opname in self._FACTOR:
             tensor = args[0]
-            self.nbytes += self._FACTOR[func._opname] * tensor.numel() * tensor.element_size()
+            factor = int(args[1]) if func._opname == "all_gather_into_tensor" else 1
+            factor *= self._FACTOR[func._opname]
+            self.nbytes += factor * tensor.numel() * tensor.element_size()
+        return func(*args, **(kwargs or {}))
 
 
 def run_traced(
@@ -301,11 +296,10 @@ def run_traced(
     batch: Any,
     mixed_precision: str,
     fsdp: bool,
-    step: Callable[[], None] | None = None,
+    loss_fn: Callable[[Any], torch.Tensor] = loss_of,
 ) -> Traced:
     """Two steps under the tracker (the first makes the optimizer states); what the second
-    recorded. `step` runs one step in place of `train_step` (a pipeline stage's). A failure
-    names the module."""
+    recorded (`train_step`, with `loss_fn`). A failure names the module."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -323,11 +317,8 @@ def run_traced(
                 if i:
                     tracker.reset_mod_stats()
                     collectives.nbytes = 0
-                with tracker, collectives.mode:
-                    if step is not None:
-                        step()
-                    else:
-                        train_step(model, optimizer, batch, mixed_precision)
+                with tracker, collectives:
+                    train_step(model, optimizer, batch, mixed_precision, loss_fn)
         except Exception as exc:
             where = stack[-1] if stack else "(optimizer step or loss)"
             raise TraceError(where, exc) from exc

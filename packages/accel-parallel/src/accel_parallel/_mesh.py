@@ -138,13 +138,12 @@ class MeshStrategy(OnMeshView, FSDP2Strategy):
         if isinstance(model, FSDPModule):
             return model
         model = self.move_model(model)
-        self.split_tensors(model)
-        if self.shards:
-            self.shard(model)
+        self.parallelize(model)
         return model
 
-    def split_tensors(self, model: nn.Module) -> None:
-        """Tensor parallel on the ``tp`` sub-mesh (nothing without it), in place."""
+    def parallelize(self, model: nn.Module) -> None:
+        """Tensor parallel on the ``tp`` sub-mesh, then FSDP2 over the data-parallel one (each
+        where the mesh has it), in place."""
         if self.config.tp_enabled:
             handler = self.config.tp_handler
             apply_tensor_parallel(
@@ -154,6 +153,8 @@ class MeshStrategy(OnMeshView, FSDP2Strategy):
                 enable_async_tp=bool(handler and handler.enable_async_tp),
                 sequence_parallel=bool(handler and handler.sequence_parallel),
             )
+        if self.shards:
+            self.shard(model)
 
     def memory_engine(self) -> tuple[str, dict[str, Any]] | None:
         """FSDP2's estimate where the mesh only shards; a mesh that also splits tensors,

@@ -78,13 +78,10 @@ class MemoryEstimate:
         return rules.step_cost(self.comm_bytes, self.host_bytes, self.activation_checkpointing)
 
     def label(self) -> str:
-        bits = [self.engine]
+        degree = {TP_ENGINE: self.tp_size, PP_ENGINE: self.pp_size}.get(self.engine)
+        bits = [self.engine if degree is None else f"{self.engine}{degree}"]
         if self.tp_size > 1 and self.engine != TP_ENGINE:
             bits.append(f"tp{self.tp_size}")
-        elif self.tp_size > 1:
-            bits[0] = f"tp{self.tp_size}"
-        if self.pp_size > 1:
-            bits[0] = f"pp{self.pp_size}"
         if self.reshard_after_forward is False:
             bits.append("no-reshard")
         if self.offload:
@@ -236,7 +233,6 @@ class _Tracer:
                 from torch.distributed.device_mesh import DeviceMesh
 
                 strategy._mesh = DeviceMesh.from_group(self.group, "cpu")
-            strategy._device_mesh()  # made outside fake mode
         sizes = self.sizes(ac, reshard)
         precision = self.mixed_precision
         dtype = None
@@ -244,18 +240,19 @@ class _Tracer:
             dtype, precision = trace.AUTOCAST[precision], "no"
         with repeat.truncated(self.blocks, self.count):
             model = trace.fake_model(self.template(), mode, dtype)
-        units = fsdp_units(model, plugin)
+        if strategy is not None:
+            # outside fake mode, as `prepare` applies it: the parameters are fake, so their
+            # shards are too, while the meshes (FSDP2's dp x tp one included) are real
+            strategy.parallelize(model)
         with mode:
-            if strategy is not None:
-                _apply(strategy, model)
-            elif ac:
-                apply_activation_checkpointing(model, units)
+            if strategy is None and ac:
+                apply_activation_checkpointing(model, fsdp_units(model, plugin))
             opt = self.make_optimizer(model.parameters())
             batch = self.batch(model) if callable(self.batch) else trace.faked(self.batch, mode)
             if batch is None:
                 batch = trace.default_batch(model, self.batch_size, self.seq_len)
             try:
-                sharded = strategy is not None and getattr(strategy, "shards", True)
+                sharded = strategy is not None and strategy.fsdp_plugin is not None
                 with warnings.catch_warnings():  # a tensor-parallel loss is a view: FSDP2 warns
                     warnings.filterwarnings("ignore", "FSDP2-wrapped module .* view tensor")
                     traced = trace.run_traced(model, opt, batch, precision, sharded)
@@ -273,24 +270,7 @@ def _mesh_strategy(info: Any, parallelism: Any, plugin: Any, mixed_precision: st
     tp = parallelism.tp_size
     config = ParallelismConfig(tp_size=tp, dp_shard_size=info.num_processes // tp,
                                tp_plan=getattr(parallelism, "tp_plan", None))  # fmt: skip
-    strategy = MeshStrategy(info, config, plugin, mixed_precision)
-    _ = strategy.device_mesh  # made outside fake mode
-    return strategy
-
-
-def _apply(strategy: Any, model: nn.Module) -> None:
-    """The engine applied to the fake model, in fake mode: FSDP2's sharding, or the mesh's
-    tensor split then sharding. FSDP2 builds the combined data-parallel x tensor mesh of a
-    split parameter from a mesh tensor, which must be a real one."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    if not hasattr(strategy, "split_tensors"):
-        strategy.shard(model)
-        return
-    strategy.split_tensors(model)
-    if strategy.shards:
-        with unset_fake_temporarily():  # the parameters are fake: their shards are too
-            strategy.shard(model)
+    return MeshStrategy(info, config, plugin, mixed_precision)
 
 
 class _Sized:
