@@ -43,8 +43,9 @@ def pipeline_config(parallelism: Any, world_size: int, batch_size: int) -> tuple
         )
     if world_size != pp or getattr(parallelism, "tp_size", 1) > 1:
         raise NotImplementedError(
-            f"pp_size={pp} on world_size={world_size}: a pipeline combined with data or tensor "
-            f"parallel degrees is not estimated yet; estimate pp alone (world_size={pp})."
+            f"pp_size={pp} on world_size={world_size}: the estimate covers a pipeline over "
+            f"every process (world_size={pp}, tp_size=1); a pipeline beside data or tensor "
+            "parallel degrees is not estimated yet."
         )
     if batch_size % micro:
         raise ValueError(
