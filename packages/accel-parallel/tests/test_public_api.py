@@ -67,6 +67,7 @@ def test_the_familiar_module_declares_what_accelerates_paths_take() -> None:
 
     assert sorted(familiar.__all__) == [
         "DeepSpeedSequenceParallelConfig",
+        "GatheredParameters",
         "ParallelismConfig",
         "TorchContextParallelConfig",
         "map_pytorch_optim_to_deepspeed",

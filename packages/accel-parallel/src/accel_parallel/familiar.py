@@ -1,9 +1,11 @@
 """What accelerate's module paths take from accel-parallel beyond its main API: the
 parallelism configuration classes as accelerate's users construct them (a field left unset is
 read from the ``PARALLELISM_CONFIG_*`` variable `accel launch` and `accelerate launch` set),
-and accelerate's DeepSpeed helper functions. The umbrella re-exports these at accelerate's
-paths (``accel.parallelism_config``, ``accel.utils``)."""
+and accelerate's DeepSpeed helpers (`GatheredParameters`, `map_pytorch_optim_to_deepspeed`).
+The umbrella re-exports these at accelerate's paths (``accel.parallelism_config``,
+``accel.utils``)."""
 
+from accel_parallel._deepspeed_gather import GatheredParameters
 from accel_parallel._deepspeed_parts import map_pytorch_optim_to_deepspeed
 from accel_parallel._env_filled import (
     DeepSpeedSequenceParallelConfig,
@@ -13,6 +15,7 @@ from accel_parallel._env_filled import (
 
 __all__ = [
     "DeepSpeedSequenceParallelConfig",
+    "GatheredParameters",
     "ParallelismConfig",
     "TorchContextParallelConfig",
     "map_pytorch_optim_to_deepspeed",

@@ -15,7 +15,6 @@ from accel._compat._unsupported import (
 AbstractTrainStep = unsupported("AbstractTrainStep", *MEGATRON)
 BertTrainStep = unsupported("BertTrainStep", *MEGATRON)
 GPTTrainStep = unsupported("GPTTrainStep", *MEGATRON)
-GatheredParameters = unsupported("GatheredParameters", *DEEPSPEED)
 MSAMPRecipeKwargs = unsupported("MSAMPRecipeKwargs", *MSAMP)
 MegatronLMDummyDataLoader = unsupported("MegatronLMDummyDataLoader", *MEGATRON)
 MegatronLMDummyScheduler = unsupported("MegatronLMDummyScheduler", *MEGATRON)

@@ -107,7 +107,6 @@ from accel._compat._imports import (
 from accel._compat._left_out import (
     AbstractTrainStep,
     BertTrainStep,
-    GatheredParameters,
     GPTTrainStep,
     MegatronLMDummyDataLoader,
     MegatronLMDummyScheduler,
@@ -256,6 +255,7 @@ from accel_parallel import (
 from accel_parallel.checkpoint import merge_fsdp_weights
 from accel_parallel.familiar import (
     DeepSpeedSequenceParallelConfig,
+    GatheredParameters,
     ParallelismConfig,
     TorchContextParallelConfig,
     map_pytorch_optim_to_deepspeed,

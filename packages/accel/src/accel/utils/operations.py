@@ -5,7 +5,6 @@ from accel._accelerator import (
 )
 from accel._compat._constants import TORCH_DISTRIBUTED_OPERATION_TYPES
 from accel._compat._imports import is_torch_distributed_available
-from accel._compat._left_out import GatheredParameters
 from accel._compat._operations import (
     TENSOR_INT_TO_DTYPE,
     TENSOR_TYPE_TO_INT,
@@ -31,6 +30,7 @@ from accel._compat._operations import (
 from accel._compat._versions import (
     is_torch_version,
 )
+from accel_parallel.familiar import GatheredParameters
 from accel_state import (
     CannotPadNestedTensorWarning,
     DistributedOperationException,

@@ -4,11 +4,11 @@ from accel._compat._imports import (
     is_transformer_engine_available,
 )
 from accel._compat._left_out import (
-    GatheredParameters,
     apply_fp8_autowrap,
     contextual_fp8_autocast,
     convert_model,
 )
+from accel_parallel.familiar import GatheredParameters
 from accel_precision import has_te_layers as has_transformer_engine_layers
 
 __all__ = [
