@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
+import sys
 
 import pytest
 
@@ -99,6 +100,60 @@ def test_simple_launcher_env_sets_kmp_for_cpu(tmp_path, monkeypatch) -> None:
     assert cmd[-3:] == ["t.py", "--x", "1"] and env["KMP_BLOCKTIME"] == "1"
     _, env = prepare_simple_launcher_cmd_env(launch_command_parser().parse_args(["t.py"]))
     assert "KMP_AFFINITY" not in env
+
+
+# accelerate's tests/test_configs/0_28_0_mpi.yaml (without the ipex_config that 1.15 refuses)
+MPI_CONFIG = """\
+compute_environment: LOCAL_MACHINE
+debug: false
+distributed_type: MULTI_CPU
+downcast_bf16: 'no'
+machine_rank: 0
+main_process_ip: 127.0.0.1
+main_process_port: 29500
+main_training_function: main
+mixed_precision: 'no'
+mpirun_config:
+  mpirun_ccl: '1'
+  mpirun_hostfile: /home/user/hostfile
+num_machines: 4
+num_processes: 16
+rdzv_backend: static
+same_network: true
+tpu_env: []
+tpu_use_cluster: false
+tpu_use_sudo: false
+use_cpu: true
+"""
+
+
+@pytest.mark.parametrize(
+    ("version", "launcher"),
+    [
+        (b"Intel(R) MPI Library", ["mpirun", "-f", "/home/user/hostfile", "-ppn", "4", "-n", "16"]),
+        (b"mpirun (Open MPI) 4.1.2", ["mpirun", "--hostfile", "/home/user/hostfile",
+                                      "--npernode", "4", "-n", "16"]),
+    ],
+)  # fmt: skip
+def test_mpirun_command_is_accelerates(tmp_path, version, launcher) -> None:
+    """accelerate's test_mpi_multicpu_config_cmd: Hydra's mpirun (Intel MPI, MPICH, MVAPICH)
+    passes the whole environment by itself, so the command is accelerate's word for word;
+    Open MPI's exports the rendezvous and the launch configuration by name."""
+    cfg = tmp_path / "mpi.yaml"
+    cfg.write_text(MPI_CONFIG)
+    args = launch_command_parser().parse_args(["--config_file", str(cfg), "train.py", "--cpu"])
+    args, _, _ = validate_launch_command(args)
+    cmd, env = prepare_simple_launcher_cmd_env(
+        args, which=lambda name: f"/usr/bin/{name}", mpi_version=lambda path: version
+    )
+    program = [sys.executable, "train.py", "--cpu"]
+    if version.startswith(b"Intel"):
+        assert cmd == [*launcher, *program]
+    else:
+        exported = ["ACCEL_LAUNCH_CONFIG", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS"]
+        assert cmd == [*launcher, *(w for name in exported for w in ("-x", name)), *program]
+    assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == "29500"
+    assert json.loads(env["ACCEL_LAUNCH_CONFIG"])["num_processes"] == 16
 
 
 def test_multi_gpu_env_picks_a_port_for_zero() -> None:

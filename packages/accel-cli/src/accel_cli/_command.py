@@ -183,7 +183,9 @@ def mpirun_command(
     config: LaunchConfig, program: Sequence[str], mpirun: tuple[str, str]
 ) -> list[str]:
     """mpirun starting `program` on every host of the hostfile, with the rendezvous and the
-    launch configuration exported to each process."""
+    launch configuration exported to each process: Open MPI's by name (`-x`); Hydra's (Intel
+    MPI, MPICH, MVAPICH) pass the whole environment by default, so the command is accelerate's,
+    `program` right after the process counts."""
     path, flavour = mpirun
     hostfile = os.path.expanduser(config.mpirun_hostfile or "")
     per_node, total = str(config.nproc_per_node), str(config.num_processes)
@@ -194,7 +196,7 @@ def mpirun_command(
         for name in exported + ((ENV_AS_ACCELERATE,) if config.as_accelerate else ()):
             cmd += ["-x", name]
     else:
-        cmd = [path, "-f", hostfile, "-ppn", per_node, "-n", total, "-genvall"]
+        cmd = [path, "-f", hostfile, "-ppn", per_node, "-n", total]
     return [*cmd, *program]
 
 
