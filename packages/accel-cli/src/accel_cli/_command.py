@@ -94,11 +94,18 @@ def build_command(
     module: bool = False,
     python: str | None = None,
     mpirun: tuple[str, str] | None = None,
+    local_addr: str | None = None,
+    rdzv_host: bool = False,
 ) -> list[str]:
     """The argv of the child: the script itself, torchrun around it, or mpirun around it.
 
     `config` must have its rendezvous filled in (`with_rendezvous`) when it is distributed.
     `mpirun` is (path, "openmpi" | "hydra") for `mpirun_hostfile` runs (default: `find_mpirun`).
+    `local_addr`: this machine's address toward the main one (torchrun's --local-addr, which
+    its agents advertise to each other instead of the host name, which may resolve to a
+    loopback address on the other machines). `rdzv_host`: this machine holds the address of
+    a dynamic rendezvous's endpoint (torchrun tells by the host name's addresses alone and
+    misses one on a second interface: then no machine would host the store).
     """
     python = python or sys.executable
     if uses_deepspeed_runner(config):
@@ -126,14 +133,19 @@ def build_command(
         "--node-rank",
         str(config.machine_rank),
     ]
+    if local_addr is not None:
+        cmd += ["--local-addr", local_addr]
     endpoint = f"{config.main_process_ip}:{config.main_process_port}"
     if config.rdzv_backend == "static" and (config.num_machines == 1 or config.same_network):
         cmd += ["--master-addr", config.main_process_ip]
         cmd += ["--master-port", str(config.main_process_port)]
     else:
         cmd += ["--rdzv-backend", config.rdzv_backend, "--rdzv-endpoint", endpoint]
-    if config.rdzv_conf:
-        cmd += ["--rdzv-conf", config.rdzv_conf]
+    rdzv_conf = config.rdzv_conf
+    if rdzv_host and config.rdzv_backend != "static" and "is_host" not in rdzv_conf:
+        rdzv_conf = ",".join(filter(None, (rdzv_conf, "is_host=1")))
+    if rdzv_conf:
+        cmd += ["--rdzv-conf", rdzv_conf]
     if config.rdzv_id is not None:
         cmd += ["--rdzv-id", config.rdzv_id]
     if config.max_restarts:

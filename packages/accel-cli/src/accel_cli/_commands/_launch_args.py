@@ -147,12 +147,47 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="Print the command and the configuration, run nothing.",
     )
+    add_preflight_arguments(p)
     _flags.add_flags(p)
     p.add_argument(
         "training_script", metavar="SCRIPT", help="The training script (or module with -m)."
     )
     p.add_argument(
         "training_script_args", nargs=argparse.REMAINDER, help="Arguments for the script."
+    )
+
+
+def add_preflight_arguments(p: argparse.ArgumentParser) -> None:
+    """--preflight [strict], --no_preflight and --preflight_timeout (launcher-only flags)."""
+    p.add_argument(
+        "--preflight",
+        nargs="?",
+        const="on",
+        choices=("on", "strict"),
+        default=None,
+        help="Check a multi-machine launch before any worker waits (on by default with "
+        "--num_machines above 1; this forces it on one machine): the main address is routed "
+        "to, the port is free, every machine_rank arrives once, the machines agree on the world "
+        "and the training settings. 'strict' makes a disagreement in training settings an "
+        "error instead of a warning. With --dry_run: run the checks, print each host's "
+        "command, start nothing.",
+    )
+    p.add_argument(
+        "--no_preflight",
+        "--no-preflight",
+        dest="preflight",
+        action="store_const",
+        const="off",
+        help="Skip the preflight of a multi-machine launch.",
+    )
+    p.add_argument(
+        "--preflight_timeout",
+        "--preflight-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="How long the preflight waits for every machine to arrive (default 900, as "
+        "torchrun's rendezvous); the missing ones are named every 10 s meanwhile.",
     )
 
 

@@ -31,6 +31,7 @@ from accel_cli._commands._launch_args import (
     slurm_values,
 )
 from accel_cli._config import ConfigError, ConfigFile
+from accel_cli._deepspeed import uses_deepspeed_runner
 from accel_cli._environment import (
     ENV_ACCEL_CONFIG,
     ENV_AS_ACCELERATE,
@@ -41,6 +42,17 @@ from accel_cli._environment import (
 )
 from accel_cli._flags import given_flags
 from accel_cli._hang_report import report_hang, with_hang_note
+from accel_cli._launch_config import LaunchConfig
+from accel_cli._network import (
+    SOCKET_IFNAME_VARIABLES,
+    NetworkError,
+    is_local,
+    route_to,
+    socket_interface_env,
+)
+from accel_cli._preflight import DEFAULT_TIMEOUT as DEFAULT_PREFLIGHT_TIMEOUT
+from accel_cli._preflight import PREFLIGHT_EXIT_CODE, preflight_wanted, run_preflight
+from accel_cli._preflight import report as report_preflight
 from accel_cli._resolve import (
     TORCHRUN_SPELLINGS,
     check_launch,
@@ -94,24 +106,79 @@ def run(args: argparse.Namespace) -> int:
     hostfile = config.mpirun_hostfile
     if hostfile is not None and not Path(hostfile).expanduser().is_file():
         raise ConfigError(f"mpirun_hostfile {hostfile!r} does not exist.")
-    cmd = build_command(
-        config, args.training_script, args.training_script_args, module=bool(args.module)
-    )
     cores = physical_cores() if config.cpu and config.nproc_per_node > 1 else None
-    env = build_env(config, os.environ, cpu_cores=cores)
+    network = _network_env(config, args)
+    if isinstance(network, int):
+        return network  # the preflight found the launch cannot work
+    extra_env, local_addr, rdzv_host = network
+    cmd = build_command(
+        config,
+        args.training_script,
+        args.training_script_args,
+        module=bool(args.module),
+        local_addr=local_addr,
+        rdzv_host=rdzv_host,
+    )
+    env = {**build_env(config, os.environ, cpu_cores=cores), **extra_env}
     if args.dry_run:
-        print(shlex.join(cmd))
-        for name in _SHOWN_VARIABLES:
-            if env.get(name) != os.environ.get(name):
-                print(f"{name}={env[name]}")
-        print(f"{ENV_ACCEL_CONFIG}={env[ENV_ACCEL_CONFIG]}")
+        _print_dry_run(config, cmd, env)
         return 0
     torchrun = config.distributed and config.mpirun_hostfile is None
     config, note = with_hang_note(config)  # not before --dry_run: it makes a file
     if note is not None:
-        env = build_env(config, os.environ, cpu_cores=cores)
+        env = {**build_env(config, os.environ, cpu_cores=cores), **extra_env}
     code = run_child(cmd, env, through_torchrun=torchrun)
     return report_hang(note, code, config.num_processes)
+
+
+def _print_dry_run(config: LaunchConfig, cmd: list[str], env: Mapping[str, str]) -> None:
+    """The command (each machine's, on several), the variables the launch changes, and the
+    launch configuration."""
+    if config.num_machines > 1 and "--node-rank" in cmd:
+        at = cmd.index("--node-rank") + 1
+        for rank in range(config.num_machines):
+            print(f"# machine {rank}:" + (" (this one)" if rank == config.machine_rank else ""))
+            print(shlex.join([*cmd[:at], str(rank), *cmd[at + 1 :]]))
+    else:
+        print(shlex.join(cmd))
+    for name in (*_SHOWN_VARIABLES, *SOCKET_IFNAME_VARIABLES):
+        if env.get(name) != os.environ.get(name):
+            print(f"{name}={env[name]}")
+    print(f"{ENV_ACCEL_CONFIG}={env[ENV_ACCEL_CONFIG]}")
+
+
+def _network_env(
+    config: LaunchConfig, args: argparse.Namespace
+) -> tuple[dict[str, str], str | None, bool] | int:
+    """For a launch over several machines through torchrun: the preflight (unless turned
+    off), then the interface variables that make gloo and NCCL talk on the network that
+    reaches machine 0, this machine's address for torchrun's agents, and whether it holds
+    the rendezvous endpoint's address. An exit code when the preflight found a launch that
+    cannot work."""
+    flag = getattr(args, "preflight", None)
+    torchrun = (
+        config.distributed and config.mpirun_hostfile is None and not uses_deepspeed_runner(config)
+    )
+    if not torchrun or (args.dry_run and flag is None):
+        return {}, None, False
+    if preflight_wanted(config, flag):
+        timeout = getattr(args, "preflight_timeout", None) or DEFAULT_PREFLIGHT_TIMEOUT
+        outcome = run_preflight(config, os.environ, strict=flag == "strict", timeout=timeout)
+        report_preflight(outcome, lambda text: say(f"preflight: {text}"))
+        if outcome.fatal:
+            return PREFLIGHT_EXIT_CODE
+        route = outcome.route
+    elif config.num_machines > 1:
+        try:
+            route = route_to(config.main_process_ip or "")
+        except (NetworkError, OSError):
+            route = None  # not checked, as asked: the rendezvous says what is wrong
+    else:
+        route = None
+    if route is None or route.loopback or config.num_machines == 1:
+        return {}, None, False
+    env = socket_interface_env(route, os.environ)
+    return env, route.local_address, is_local(route.main_address)
 
 
 def _multi_gpu_processes(flags: Mapping[str, object], file: ConfigFile | None) -> dict:

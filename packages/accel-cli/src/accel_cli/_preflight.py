@@ -1,0 +1,560 @@
+"""The preflight of a multi-machine launch: the mistakes that would make the rendezvous wait
+(or fail after minutes) found before any worker starts, each named with the host, the value
+and the fix.
+
+Every machine's launcher checks its own side (the main machine's address resolves and is
+routed to, the interface that reaches it), then the machines meet on the main port itself
+before torchrun uses it: machine 0 (static rendezvous) or the machine that holds the address
+(c10d) listens there, says who it is (`MAGIC`), and collects one line of facts from each
+machine: its rank, address, the world shape and the training settings it would launch. When
+every rank has arrived (or a rank is claimed twice, or the timeout passes) it answers every
+machine with one verdict: the problems, each marked fatal or not. Then it closes the port,
+and each launcher either starts torchrun or exits with `PREFLIGHT_EXIT_CODE`. The wire format
+is one JSON object per line; nothing but the launchers of one run speak it.
+
+No torch import and no thread left behind: the launcher starts in milliseconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import json
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from importlib import metadata
+from typing import Any
+
+from accel_cli._launch_config import LaunchConfig
+from accel_cli._network import (
+    NetworkError,
+    Route,
+    address_on,
+    describe_interfaces,
+    is_local,
+    route_to,
+    user_interface,
+)
+
+MAGIC = "accel-preflight 1"
+# The launcher's exit code when the preflight finds a launch that cannot work (sysexits'
+# EX_CONFIG).
+PREFLIGHT_EXIT_CODE = 78
+# As long as torchrun's own rendezvous waits by default, so that hosts started minutes apart
+# by hand still meet (the preflight is never stricter than the launch it guards); the
+# waiting hosts and the missing ones are named every WAIT_NOTE_SECONDS meanwhile.
+DEFAULT_TIMEOUT = 900.0
+WAIT_NOTE_SECONDS = 10.0
+_CONNECT_SECONDS = 3.0
+_SETTLE_SECONDS = 1.0
+# What the machines of one run must agree on for the rendezvous to form (fatal), and what
+# they should agree on for the run to mean anything (a warning; an error with strict).
+WORLD_KEYS = ("num_processes", "num_machines", "rdzv_backend")
+TRAINING_KEYS = (
+    "mixed_precision",
+    "gradient_accumulation_steps",
+    "distributed_type",
+    "fsdp_config",
+    "deepspeed_config",
+    "parallelism_config",
+    "fp8_config",
+    "dynamo_config",
+    "backend",
+    "cpu",
+    "accel",
+    "torch",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One finding: which host, what is wrong and what to do; fatal ends the launch."""
+
+    host: str
+    message: str
+    fatal: bool = True
+
+    def line(self) -> str:
+        return f"{self.host}: {self.message}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """The preflight's result on this host."""
+
+    problems: tuple[Problem, ...]
+    interface: str | None
+    route: Route | None
+    hosts: tuple[dict, ...] = ()
+
+    @property
+    def fatal(self) -> bool:
+        return any(p.fatal for p in self.problems)
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def host_facts(config: LaunchConfig, address: str, interface: str | None) -> dict[str, Any]:
+    """What this host tells the others: who it is and what it would launch."""
+    worker = config.to_worker_dict()
+    training = {key: worker.get(key) for key in TRAINING_KEYS}
+    training["accel"], training["torch"] = _version("accel-cli"), _version("torch")
+    return {
+        "machine_rank": config.machine_rank,
+        "hostname": socket.gethostname(),
+        "address": address,
+        "interface": interface,
+        "world": {
+            "num_processes": config.num_processes,
+            "num_machines": config.nnodes,
+            "rdzv_backend": config.rdzv_backend,
+        },
+        "training": training,
+    }
+
+
+def host_label(facts: Mapping[str, Any]) -> str:
+    return f"host {facts['machine_rank']} ({facts['hostname']}, {facts['address']})"
+
+
+def _shown(value: Any) -> str:
+    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)
+
+
+def verdict(
+    hosts: Sequence[Mapping[str, Any]],
+    config: LaunchConfig,
+    *,
+    strict: bool,
+    complete: bool,
+    ranked: bool,
+) -> list[Problem]:
+    """The problems of a set of arrived hosts (`ranked`: ranks are the static rendezvous's,
+    each must be claimed once; `complete`: every expected host arrived)."""
+    problems: list[Problem] = []
+    by_rank: dict[int, list[Mapping[str, Any]]] = {}
+    for facts in hosts:
+        by_rank.setdefault(int(facts["machine_rank"]), []).append(facts)
+    if ranked:
+        for rank, claims in sorted(by_rank.items()):
+            if len(claims) > 1:
+                where = ", ".join(f"{f['hostname']} at {f['address']}" for f in claims)
+                problems.append(
+                    Problem(
+                        f"machine_rank {rank}",
+                        f"claimed by {len(claims)} hosts ({where}): give each machine its own "
+                        f"--machine_rank, 0 to {config.num_machines - 1} (0 on the machine that "
+                        f"holds --main_process_ip {config.main_process_ip}).",
+                    )
+                )
+    if not complete:
+        arrived = ", ".join(host_label(f) for f in hosts) or "none"
+        if ranked:
+            missing = [r for r in range(config.num_machines) if r not in by_rank]
+            what = f"machine_rank {', '.join(map(str, missing))} never arrived"
+        else:
+            what = (
+                f"{config.num_machines - len(hosts)} of {config.num_machines} hosts never arrived"
+            )
+        problems.append(
+            Problem(
+                "the run",
+                f"{what} (arrived: {arrived}). Start `accel launch` on every machine with the same "
+                f"--main_process_ip {config.main_process_ip} and --main_process_port "
+                f"{config.main_process_port}; check that each reaches that address and port.",
+            )
+        )
+    if not hosts:
+        return problems
+    reference = min(hosts, key=lambda f: int(f["machine_rank"]))
+    for section, fatal in (("world", True), ("training", strict)):
+        for key in sorted({k for f in hosts for k in f[section]}):
+            values = [f[section].get(key) for f in hosts]
+            if all(v == values[0] for v in values):
+                continue
+            problems.append(
+                Problem(
+                    "hosts disagree",
+                    _side_by_side(key, hosts)
+                    + ("" if fatal else " (a warning; `--preflight strict` makes it an error)")
+                    + (
+                        f"; the world must agree: launch every machine with {key} "
+                        f"{_shown(reference[section].get(key))} as on {host_label(reference)}"
+                        if fatal
+                        else ""
+                    ),
+                    fatal=fatal,
+                )
+            )
+    return problems
+
+
+def _side_by_side(key: str, hosts: Sequence[Mapping[str, Any]]) -> str:
+    section = "world" if key in WORLD_KEYS else "training"
+    cells = [f"{host_label(f)} {key}={_shown(f[section].get(key))}" for f in hosts]
+    return "  |  ".join(cells)
+
+
+class _Server:
+    """The main machine's side: listen on the main port, collect, answer, close."""
+
+    def __init__(
+        self,
+        listener: socket.socket,
+        config: LaunchConfig,
+        *,
+        strict: bool,
+        timeout: float,
+        ranked: bool,
+        say: Callable[[str], None],
+    ) -> None:
+        self.listener = listener
+        self.config, self.strict, self.timeout, self.ranked = config, strict, timeout, ranked
+        self.say = say
+        self.thread = threading.Thread(target=self._serve, name="accel-preflight", daemon=True)
+
+    def _complete(self, hosts: list[dict]) -> bool:
+        if self.ranked:
+            return {int(f["machine_rank"]) for f in hosts} >= set(range(self.config.num_machines))
+        return len(hosts) >= self.config.num_machines
+
+    def _serve(self) -> None:
+        clients: list[tuple[socket.socket, dict]] = []
+        deadline = time.monotonic() + self.timeout
+        next_note = time.monotonic() + WAIT_NOTE_SECONDS
+        settle_until: float | None = None
+        self.listener.settimeout(0.2)
+        try:
+            while True:
+                now = time.monotonic()
+                hosts = [f for _, f in clients]
+                duplicate = self.ranked and len({f["machine_rank"] for f in hosts}) < len(hosts)
+                if duplicate or now >= deadline:
+                    break
+                if self._complete(hosts):
+                    settle_until = settle_until or now + _SETTLE_SECONDS
+                    if now >= settle_until:
+                        break
+                if now >= next_note:
+                    next_note = now + WAIT_NOTE_SECONDS
+                    self.say(self._waiting_note(hosts, deadline - now))
+                try:
+                    conn, _ = self.listener.accept()
+                except TimeoutError:
+                    continue
+                facts = _greet(conn)
+                if facts is not None:
+                    clients.append((conn, facts))
+            hosts = [f for _, f in clients]
+            found = verdict(
+                hosts,
+                self.config,
+                strict=self.strict,
+                complete=self._complete(hosts),
+                ranked=self.ranked,
+            )
+            answer = {"problems": [dataclasses.asdict(p) for p in found], "hosts": hosts}
+            for conn, _ in clients:
+                with contextlib.suppress(OSError):
+                    conn.sendall((json.dumps(answer) + "\n").encode())
+            # Each client closes first, so that the port's TIME_WAIT stays on the clients and
+            # torchrun can listen on it here at once.
+            for conn, _ in clients:
+                with contextlib.suppress(OSError):
+                    conn.settimeout(5.0)
+                    conn.recv(16)
+                conn.close()
+        finally:
+            self.listener.close()
+
+    def _waiting_note(self, hosts: list[dict], left: float) -> str:
+        arrived = ", ".join(host_label(f) for f in hosts) or "none yet"
+        if self.ranked:
+            ranks = {int(f["machine_rank"]) for f in hosts}
+            missing = [str(r) for r in range(self.config.num_machines) if r not in ranks]
+            waiting = f"machine_rank {', '.join(missing)}"
+        else:
+            waiting = f"{self.config.num_machines - len(hosts)} more host(s)"
+        return f"waiting for {waiting} (arrived: {arrived}); giving up in {left:.0f} s"
+
+
+def _greet(conn: socket.socket) -> dict | None:
+    """Say who we are and read the host's facts (None: not one of our launchers)."""
+    try:
+        conn.settimeout(10.0)
+        conn.sendall((MAGIC + "\n").encode())
+        line = _read_line(conn)
+        return json.loads(line) if line else None
+    except (OSError, ValueError):
+        conn.close()
+        return None
+
+
+def _read_line(conn: socket.socket, limit: int = 1 << 20) -> str:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+        if len(data) > limit:
+            raise ValueError("line too long")
+    return data.decode().strip()
+
+
+def _listen(port: int, family: int) -> socket.socket:
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
+    listener.listen(64)
+    return listener
+
+
+def _holder(port: int) -> str:
+    """Which process listens on `port` here, when psutil can tell."""
+    import psutil
+
+    with contextlib.suppress(psutil.Error, OSError):
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN:
+                if conn.pid:
+                    with contextlib.suppress(psutil.Error):
+                        proc = psutil.Process(conn.pid)
+                        return f" (pid {conn.pid}: {' '.join(proc.cmdline()[:4])})"
+                return ""
+    return ""
+
+
+def _connect(
+    route: Route,
+    port: int,
+    source: str | None,
+    deadline: float,
+    me: str,
+    say: Callable[[str], None],
+) -> socket.socket | Problem:
+    """Connect to the main port until `deadline`, from `source` when the user chose the
+    interface; a Problem when the main machine cannot be reached."""
+    target = f"{route.main_address}:{port}"
+    noted, unreachable = False, 0
+    started = time.monotonic()
+    while True:
+        try:
+            return socket.create_connection(
+                (route.main_address, port),
+                timeout=_CONNECT_SECONDS,
+                source_address=(source, 0) if source else None,
+            )
+        except OSError as err:
+            code = err.errno
+            if source is not None and code != errno.ECONNREFUSED:
+                try:  # does the main machine answer by the routed interface?
+                    socket.create_connection(
+                        (route.main_address, port), timeout=_CONNECT_SECONDS
+                    ).close()
+                except OSError:
+                    pass
+                else:
+                    return Problem(
+                        me,
+                        (
+                            f"the interface chosen for the run's traffic ({source}) cannot reach "
+                            f"machine 0 at {target}, which answers by {route.interface} "
+                            f"({route.local_address}). Unset GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME "
+                            f"or set them to {route.interface}."
+                        ),
+                    )
+            if code in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+                unreachable += 1
+                if unreachable >= 2:
+                    return Problem(
+                        me,
+                        (
+                            f"no host answers at main_process_ip {route.main_address} (host "
+                            f"unreachable, {describe_interfaces()}). Give machine 0's address "
+                            f"as --main_process_ip."
+                        ),
+                    )
+            if time.monotonic() >= deadline:
+                why = (
+                    "connection refused"
+                    if code == errno.ECONNREFUSED
+                    else (err.strerror or type(err).__name__)
+                )
+                return Problem(
+                    me,
+                    (
+                        f"nothing answered on {target} ({why}) before the preflight timeout: "
+                        f"machine 0 was not started, or --main_process_ip/--main_process_port do "
+                        f"not name it, or a firewall drops the port."
+                    ),
+                )
+            if not noted and time.monotonic() - started > 5.0:
+                noted = True
+                why = (
+                    "nothing listens there yet"
+                    if code == errno.ECONNREFUSED
+                    else (err.strerror or "no answer")
+                )
+                say(
+                    f"waiting for machine 0 at {target}: {why} (is machine_rank 0 started, and "
+                    f"is {route.main_address} its address?)"
+                )
+            time.sleep(0.2)
+
+
+def run_preflight(
+    config: LaunchConfig,
+    environ: Mapping[str, str],
+    *,
+    strict: bool = False,
+    timeout: float = DEFAULT_TIMEOUT,
+    say: Callable[[str], None] | None = None,
+) -> Outcome:
+    """Check this host's side, meet the other machines on the main port, return what was
+    found (every host returns the same list of shared problems)."""
+    say = say or (lambda text: print(f"accel preflight: {text}", file=sys.stderr, flush=True))
+    me = f"host {config.machine_rank} ({socket.gethostname()})"
+    assert config.main_process_ip and config.main_process_port, "call with_rendezvous first"
+    try:
+        route = route_to(config.main_process_ip)
+        chosen = user_interface(environ)
+    except NetworkError as err:
+        return Outcome((Problem(me, str(err)),), None, None)
+    interface = chosen[1] if chosen else route.interface
+    source = address_on(chosen[1]) if chosen else None
+    problems: list[Problem] = []
+    multi = config.num_machines > 1
+    if multi and route.loopback:
+        nodes = environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES") or "1"
+        separate = nodes.isdigit() and int(nodes) > 1
+        problems.append(
+            Problem(
+                me,
+                (
+                    f"main_process_ip {config.main_process_ip} is a loopback address: only processes "
+                    f"on this machine reach it, so each machine would form a world of its own. Give "
+                    f"machine 0's network address (such as $(hostname -I | cut -d' ' -f1) on it, or "
+                    f"the first node of $SLURM_JOB_NODELIST)"
+                    + (f"; SLURM says this job has {nodes} nodes." if separate else ".")
+                ),
+                fatal=separate,
+            )
+        )
+        if separate:
+            return Outcome(tuple(problems), interface, route)
+    if config.elastic or config.rdzv_backend not in ("static", "c10d"):
+        # Hosts of an elastic run join when they come; etcd's endpoint is not a machine.
+        return Outcome(tuple(problems), interface, route)
+    ranked = config.rdzv_backend == "static"
+    port = config.main_process_port
+    family = socket.AF_INET6 if ":" in route.main_address else socket.AF_INET
+    server = None
+    if (config.machine_rank == 0) if ranked else is_local(route.main_address):
+        try:
+            listener = _listen(port, family)
+        except OSError as err:
+            if ranked or err.errno != errno.EADDRINUSE:
+                problems.append(
+                    Problem(
+                        me,
+                        (
+                            f"main_process_port {port} is already held on machine 0{_holder(port)}: "
+                            f"stop that program, or pass another --main_process_port (the same on "
+                            f"every machine)."
+                            if err.errno == errno.EADDRINUSE
+                            else f"cannot listen on main_process_port {port}: {err.strerror}."
+                        ),
+                    )
+                )
+                return Outcome(tuple(problems), interface, route)
+        else:
+            server = _Server(
+                listener, config, strict=strict, timeout=timeout, ranked=ranked, say=say
+            )
+            server.thread.start()
+    facts = host_facts(config, source or route.local_address, interface)
+    outcome = _meet(route, port, source, facts, me, timeout, say)
+    if server is not None:
+        server.thread.join(timeout=30)
+    if isinstance(outcome, Problem):
+        return Outcome((*problems, outcome), interface, route)
+    shared = tuple(Problem(**p) for p in outcome["problems"])
+    return Outcome((*problems, *shared), interface, route, tuple(outcome["hosts"]))
+
+
+def _meet(
+    route: Route,
+    port: int,
+    source: str | None,
+    facts: dict,
+    me: str,
+    timeout: float,
+    say: Callable[[str], None],
+) -> dict | Problem:
+    """Send our facts to the main machine and wait for its verdict."""
+    deadline = time.monotonic() + timeout
+    conn = _connect(route, port, source, deadline, me, say)
+    if isinstance(conn, Problem):
+        return conn
+    target = f"{route.main_address}:{port}"
+    with conn:
+        try:
+            conn.settimeout(5.0)
+            greeting = _read_line(conn, limit=len(MAGIC) + 1)
+        except (OSError, ValueError):
+            greeting = ""
+        if greeting != MAGIC:
+            return Problem(
+                me,
+                (
+                    f"something other than machine 0's `accel launch` answers on {target}: another "
+                    f"program holds the port, or machine 0 already started the run without this "
+                    f"host (is --machine_rank {facts['machine_rank']} given to two machines?). "
+                    f"Pass a free --main_process_port, the same on every machine."
+                ),
+            )
+        conn.sendall((json.dumps(facts) + "\n").encode())
+        conn.settimeout(max(1.0, deadline - time.monotonic()) + 30.0)
+        try:
+            answer = json.loads(_read_line(conn))
+        except (OSError, ValueError) as err:
+            return Problem(
+                me,
+                f"machine 0 at {target} closed the preflight without an answer "
+                f"({err}); see its output.",
+            )
+    return answer
+
+
+def report(outcome: Outcome, say: Callable[[str], None]) -> None:
+    """Print each problem on its own line, fatal ones first, and what happens next."""
+    fatal = [p for p in outcome.problems if p.fatal]
+    warnings = [p for p in outcome.problems if not p.fatal]
+    for problem in warnings:
+        say(f"warning: {problem.line()}")
+    if fatal:
+        say(f"{len(fatal)} problem(s); no worker was started:")
+        for problem in fatal:
+            say(f"  {problem.line()}")
+    elif outcome.hosts:
+        hosts = ", ".join(host_label(f) for f in outcome.hosts)
+        via = f" over {outcome.interface}" if outcome.interface else ""
+        say(f"ok: {len(outcome.hosts)} host(s) agree ({hosts}); talking{via}")
+
+
+def preflight_wanted(config: LaunchConfig, flag: str | None) -> bool:
+    """On by default for several machines; `flag` is --preflight's value ("on", "strict",
+    "off" for --no_preflight, None when neither was given)."""
+    if flag == "off":
+        return False
+    return flag in ("on", "strict") or config.num_machines > 1
