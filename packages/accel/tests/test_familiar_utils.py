@@ -300,3 +300,69 @@ def test_find_executable_batch_size_refuses_a_zero_start():
     with pytest.raises(RuntimeError, match="reached zero"):
         train()
     assert calls == []
+
+
+def test_fsdp_ram_efficient_loading_switches_what_transformers_reads(monkeypatch):
+    for name in ("ACCELERATE_USE_FSDP", "FSDP_CPU_RAM_EFFICIENT_LOADING"):
+        monkeypatch.setenv(name, "")  # recorded, so that the teardown restores the original
+        monkeypatch.delenv(name)
+    fsdp_utils.enable_fsdp_ram_efficient_loading()
+    assert os.environ["ACCELERATE_USE_FSDP"] == "True"
+    assert os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "True"
+    fsdp_utils.disable_fsdp_ram_efficient_loading()
+    assert os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "False"
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "false")  # a value already set is kept
+    fsdp_utils.enable_fsdp_ram_efficient_loading()
+    assert os.environ["ACCELERATE_USE_FSDP"] == "false"
+
+
+def test_fsdp2_canonicalize_names_drops_checkpoint_and_compile_wrappers():
+    names = {
+        "_orig_mod.layers.0._checkpoint_wrapped_module.w": 1,
+        "layers.1._orig_mod.w": 2,
+        "head.bias": 3,
+    }
+    assert fsdp_utils.fsdp2_canonicalize_names(names) == {
+        "layers.0.w": 1, "layers.1.w": 2, "head.bias": 3,
+    }  # fmt: skip
+
+
+def test_fsdp2_grad_scaler_is_torchs_with_the_arguments_given():
+    scaler = fsdp_utils.get_fsdp2_grad_scaler(device="cpu", init_scale=8.0)
+    assert type(scaler) is torch.amp.GradScaler and scaler.get_scale() == 8.0
+
+
+class _Blocks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return self.head(x)
+
+
+@pytest.mark.parametrize("name", ["compile_regions_fsdp2", "compile_regions_deepspeed"])
+def test_in_place_regional_compilation(name):
+    """Each repeated block and the head compiled in place: the model object and its parameter
+    names stay (an engine's hooks on it still run), and the output is the eager one."""
+    torch.manual_seed(0)
+    model, x = _Blocks(), torch.randn(3, 4)
+    expected = model(x)
+    names = [n for n, _ in model.named_parameters()]
+    returned = getattr(other, name)(model, backend="eager")
+    assert returned is (model if name == "compile_regions_fsdp2" else None)
+    compiled = [n for n, m in model.named_modules() if m._compiled_call_impl is not None]
+    assert compiled == ["layers.0", "layers.1", "head"]
+    assert [n for n, _ in model.named_parameters()] == names
+    torch.testing.assert_close(model(x), expected, rtol=0, atol=0)  # eager backend: same ops
+
+
+def test_sagemaker_distributed_type_is_accelerates_enum():
+    from accel.commands.config.config_args import SageMakerDistributedType as from_config
+    from accel.utils import SageMakerDistributedType
+
+    assert from_config is SageMakerDistributedType and SageMakerDistributedType("NO") == "NO"
+    assert [t.value for t in SageMakerDistributedType] == ["NO", "DATA_PARALLEL", "MODEL_PARALLEL"]

@@ -209,6 +209,21 @@ def compile_regions(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
     return twin
 
 
+def compile_regions_in_place(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
+    """`compile_regions` without a twin: each repeated block, and each subtree without repeated
+    blocks, is compiled in place (`nn.Module.compile`), so that the hooks an engine adds later
+    (FSDP2's, DeepSpeed's) still run around it. Returns `module`."""
+    if is_repeated_blocks(module):
+        for block in module:
+            block.compile(**compile_kwargs)
+    elif has_repeated_blocks(module):
+        for child in module.children():
+            compile_regions_in_place(child, **compile_kwargs)
+    else:
+        module.compile(**compile_kwargs)
+    return module
+
+
 def is_repeated_blocks(module: nn.Module) -> bool:
     """True for a non-empty `nn.ModuleList` whose entries are all of its first entry's class
     (the blocks regional compilation compiles once and reuses)."""

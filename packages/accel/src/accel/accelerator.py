@@ -48,15 +48,11 @@ from accel._compat._imports import (
 from accel._compat._left_out import (
     MSAMPRecipeKwargs,
     apply_fp8_autowrap,
-    compile_regions_deepspeed,
-    compile_regions_fsdp2,
     convert_model,
     ensure_weights_retied,
     fsdp2_apply_ac,
-    fsdp2_canonicalize_names,
     fsdp2_prepare_model,
     fsdp2_switch_optimizer_parameters,
-    get_fsdp2_grad_scaler,
 )
 from accel._compat._operations import convert_outputs_to_fp32
 from accel._compat._utils_dataclasses import (
@@ -65,6 +61,8 @@ from accel._compat._utils_dataclasses import (
     KwargsHandler,
 )
 from accel._compat._utils_fsdp_utils import (
+    fsdp2_canonicalize_names,
+    get_fsdp2_grad_scaler,
     load_fsdp_model,
     load_fsdp_optimizer,
     save_fsdp_model,
@@ -78,6 +76,8 @@ from accel._compat._utils_other import (
     check_os_kernel,
     clean_state_dict_for_safetensors,
     compile_regions,
+    compile_regions_deepspeed,
+    compile_regions_fsdp2,
     extract_model_from_parallel,
     get_model_tp_size,
     get_pretty_name,

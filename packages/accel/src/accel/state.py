@@ -21,9 +21,6 @@ from accel._compat._imports import (
     is_mps_available,
     is_xccl_available,
 )
-from accel._compat._left_out import (
-    SageMakerDistributedType,
-)
 from accel._compat._state import (
     ThreadLocalSharedDict,
     do_nothing,
@@ -31,6 +28,7 @@ from accel._compat._state import (
 )
 from accel._compat._utils_dataclasses import (
     DynamoBackend,
+    SageMakerDistributedType,
 )
 from accel_state import DistributedType, PartialState
 

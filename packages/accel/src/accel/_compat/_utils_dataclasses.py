@@ -34,6 +34,15 @@ class BaseEnum(enum.Enum, metaclass=EnumWithContains):
         return [str(member) for member in cls]
 
 
+class SageMakerDistributedType(str, enum.Enum):
+    """The `distributed_type` of a SageMaker config file: NO, DATA_PARALLEL (SageMaker's data
+    parallelism) or MODEL_PARALLEL. accel reads these files; it does not launch SageMaker jobs."""
+
+    NO = "NO"
+    DATA_PARALLEL = "DATA_PARALLEL"
+    MODEL_PARALLEL = "MODEL_PARALLEL"
+
+
 class FP8BackendType(str, enum.Enum):
     """The library that runs fp8: none, TransformerEngine, MS-AMP or torchao."""
 

@@ -166,3 +166,37 @@ def fsdp2_prepare_auto_wrap_policy(
 
         return by_size
     return None
+
+
+# transformers reads these two variables (`is_fsdp_enabled`, and whether only rank 0 loads the
+# weights of `from_pretrained` while the others build them on the meta device)
+_USE_FSDP, _RAM_EFFICIENT = "ACCELERATE_USE_FSDP", "FSDP_CPU_RAM_EFFICIENT_LOADING"
+
+
+def enable_fsdp_ram_efficient_loading() -> None:
+    """Tell transformers' `from_pretrained` that FSDP runs with RAM-efficient loading (only
+    rank 0 reads the weights), as accelerate's environment says it."""
+    os.environ.setdefault(_USE_FSDP, "True")
+    os.environ[_RAM_EFFICIENT] = "True"
+
+
+def disable_fsdp_ram_efficient_loading() -> None:
+    """Tell transformers' `from_pretrained` to load the weights on every rank."""
+    os.environ[_RAM_EFFICIENT] = "False"
+
+
+def get_fsdp2_grad_scaler(**kwargs: Any) -> torch.amp.GradScaler:
+    """The loss scaler of fp16 under FSDP2: torch's `GradScaler(**kwargs)`, which handles
+    sharded (DTensor) gradients."""
+    return torch.amp.GradScaler(**kwargs)
+
+
+def fsdp2_canonicalize_names(named_params: dict) -> dict:
+    """`named_params` under the names the model had before activation checkpointing and
+    `torch.compile` wrapped its modules (no `._checkpoint_wrapped_module`, no `_orig_mod.`)."""
+    out = {}
+    for name, value in named_params.items():
+        name = name.replace("._checkpoint_wrapped_module", "")
+        name = name.removeprefix("_orig_mod.").replace("._orig_mod", "")
+        out[name] = value
+    return out

@@ -40,6 +40,22 @@ def compile_regions(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
     return twin(module, **compile_kwargs)
 
 
+def compile_regions_fsdp2(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
+    """`compile_regions` in place (`module.compile()`), so that FSDP2's hooks added afterwards
+    still run; returns `module`."""
+    from accel._dynamo import compile_regions_in_place
+
+    return compile_regions_in_place(module, **compile_kwargs)
+
+
+def compile_regions_deepspeed(module: nn.Module, **compile_kwargs: Any) -> None:
+    """`compile_regions` in place, for a DeepSpeed engine's `module` (its hooks stay on the
+    call path); returns None, as accelerate's does."""
+    from accel._dynamo import compile_regions_in_place
+
+    compile_regions_in_place(module, **compile_kwargs)
+
+
 def extract_model_from_parallel(
     model: nn.Module,
     keep_fp32_wrapper: bool = True,

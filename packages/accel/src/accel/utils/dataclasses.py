@@ -31,7 +31,6 @@ from accel._compat._imports import (
 from accel._compat._left_out import (
     MODEL_CONFIGS_TO_MEGATRON_PARSERS,
     MSAMPRecipeKwargs,
-    SageMakerDistributedType,
     add_model_config_to_megatron_parser,
     parse_bert_config,
     parse_glm4_moe_config,
@@ -47,6 +46,7 @@ from accel._compat._utils_dataclasses import (
     EnumWithContains,
     FP8BackendType,
     KwargsHandler,
+    SageMakerDistributedType,
     get_module_class_from_name,
 )
 from accel._compat._versions import (

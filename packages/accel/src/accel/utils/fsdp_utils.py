@@ -7,21 +7,21 @@ from accel._compat._constants import (
     WEIGHTS_NAME,
 )
 from accel._compat._left_out import (
-    disable_fsdp_ram_efficient_loading,
-    enable_fsdp_ram_efficient_loading,
     ensure_weights_retied,
     fsdp2_apply_ac,
-    fsdp2_canonicalize_names,
     fsdp2_load_full_state_dict,
     fsdp2_prepare_model,
     fsdp2_switch_optimizer_parameters,
-    get_fsdp2_grad_scaler,
 )
 from accel._compat._utils_dataclasses import (
     get_module_class_from_name,
 )
 from accel._compat._utils_fsdp_utils import (
+    disable_fsdp_ram_efficient_loading,
+    enable_fsdp_ram_efficient_loading,
+    fsdp2_canonicalize_names,
     fsdp2_prepare_auto_wrap_policy,
+    get_fsdp2_grad_scaler,
     get_parameters_from_modules,
     load_fsdp_model,
     load_fsdp_optimizer,

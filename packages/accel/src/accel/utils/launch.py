@@ -13,13 +13,13 @@ from accel._compat._imports import (
 )
 from accel._compat._left_out import (
     PrepareForLaunch,
-    SageMakerDistributedType,
     prepare_deepspeed_cmd_env,
     prepare_sagemager_args_inputs,
     prepare_tpu,
 )
 from accel._compat._utils_dataclasses import (
     DynamoBackend,
+    SageMakerDistributedType,
 )
 from accel._compat._utils_launch import (
     env_var_path_add,

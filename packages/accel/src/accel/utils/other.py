@@ -11,8 +11,6 @@ from accel._compat._imports import (
     is_weights_only_available,
 )
 from accel._compat._left_out import (
-    compile_regions_deepspeed,
-    compile_regions_fsdp2,
     convert_model,
 )
 from accel._compat._utils_other import (
@@ -20,6 +18,8 @@ from accel._compat._utils_other import (
     check_os_kernel,
     clean_state_dict_for_safetensors,
     compile_regions,
+    compile_regions_deepspeed,
+    compile_regions_fsdp2,
     convert_bytes,
     extract_model_from_parallel,
     get_free_port,

@@ -1,8 +1,6 @@
 """Familiar path `accelerate.commands.config.config_args`: re-exports from the packages that own the code."""
 
-from accel._compat._left_out import (
-    SageMakerDistributedType,
-)
+from accel._compat._utils_dataclasses import SageMakerDistributedType
 from accel_cli import default_config_path
 from accel_cli.familiar import (
     SAGEMAKER_PYTHON_VERSION,

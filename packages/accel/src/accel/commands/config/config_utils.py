@@ -1,11 +1,9 @@
 """Familiar path `accelerate.commands.config.config_utils`: re-exports from the packages that own the code."""
 
-from accel._compat._left_out import (
-    SageMakerDistributedType,
-)
 from accel._compat._utils_dataclasses import (
     DynamoBackend,
     FP8BackendType,
+    SageMakerDistributedType,
 )
 from accel_cli.familiar import (
     DYNAMO_BACKENDS,

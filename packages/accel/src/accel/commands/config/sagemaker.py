@@ -3,9 +3,7 @@
 from accel._compat._imports import (
     is_boto3_available,
 )
-from accel._compat._left_out import (
-    SageMakerDistributedType,
-)
+from accel._compat._utils_dataclasses import SageMakerDistributedType
 from accel_cli.familiar import (
     DYNAMO_BACKENDS,
     SAGEMAKER_PARALLEL_EC2_INSTANCES,
