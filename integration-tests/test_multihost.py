@@ -132,3 +132,121 @@ def test_two_hosts_train_equal_to_one_process(
     assert_same_training(
         saved["state"], train.reference(), net.state_dict(), bound=train.STEPS * error
     )
+
+
+# -- the preflight: each planted mistake named before any worker starts -------------------------
+def _preflight(hosts: Hosts, tmp: Path, plans: list[tuple[int, list[object], dict]]) -> list:
+    """Start one launch per (host, extra flags, extra env), in the order given; each runs the
+    training script only if its preflight passes."""
+    runs = Launches(tmp)
+    for host, flags, extra in plans:
+        runs.start(hosts, host, [*flags, TRAIN, "ddp", tmp / "never.pt"], _env(tmp, **extra))
+    return runs.wait(timeout=120)
+
+
+def test_preflight_names_a_machine_rank_given_twice(hosts: Hosts, tmp_path: Path) -> None:
+    # the two claimants of rank 1 start first, so both are there when machine 0 listens
+    results = _preflight(hosts, tmp_path, [
+        (1, _flags(hosts, 1), {}), (2, _flags(hosts, 1), {}), (0, _flags(hosts, 0), {}),
+    ])  # fmt: skip
+    for code, log in results:
+        assert code == PREFLIGHT_EXIT_CODE, log
+        assert "machine_rank 1: claimed by 2 hosts" in log, log
+        assert f"at {hosts.address(1)}" in log and f"at {hosts.address(2)}" in log, log
+    assert not (tmp_path / "never.pt").exists()
+
+
+def test_preflight_names_a_held_port_on_both_sides(hosts: Hosts, tmp_path: Path) -> None:
+    holder = subprocess.Popen(hosts.command(0, [sys.executable, "-c", (
+        "import socket,time;s=socket.socket();s.bind(('0.0.0.0',%d));s.listen();"
+        "print('held',flush=True);time.sleep(120)" % PORT
+    )]), stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        results = _preflight(
+            hosts, tmp_path, [(0, _flags(hosts, 0), {}), (1, _flags(hosts, 1), {})]
+        )
+    finally:
+        holder.kill()
+        holder.wait()
+    (code0, log0), (code1, log1) = results
+    assert code0 == PREFLIGHT_EXIT_CODE and f"main_process_port {PORT} is already held" in log0, (
+        log0
+    )
+    assert f"(pid {holder.pid}" in log0, log0
+    assert code1 == PREFLIGHT_EXIT_CODE, log1
+    assert "something other than machine 0's `accel launch` answers" in log1, log1
+
+
+def test_preflight_names_an_unreachable_main_address(hosts: Hosts, tmp_path: Path) -> None:
+    nobody, unrouted = "10.213.0.99", "10.77.0.1"  # on the cluster network / on no network
+    plans = []
+    for ip in (nobody, unrouted):
+        flags = _flags(hosts, 1)
+        flags[flags.index("--main_process_ip") + 1] = ip
+        plans.append((1, flags, {}))
+    (code_a, log_a), (code_b, log_b) = _preflight(hosts, tmp_path, plans)
+    assert code_a == PREFLIGHT_EXIT_CODE and f"no host answers at main_process_ip {nobody}" in log_a
+    assert code_b == PREFLIGHT_EXIT_CODE and f"{unrouted} ({unrouted}) is not reachable" in log_b
+    assert "eth1 10.213.0.11" in log_b, log_b  # the host's own interfaces are listed
+
+
+def test_preflight_compares_the_world_and_the_training_settings(
+    hosts: Hosts, tmp_path: Path
+) -> None:
+    # a world that cannot form: fatal on both hosts, the two values side by side
+    results = _preflight(hosts, tmp_path, [
+        (0, _flags(hosts, 0), {}), (1, _flags(hosts, 1, processes=4), {}),
+    ])  # fmt: skip
+    for code, log in results:
+        assert code == PREFLIGHT_EXIT_CODE, log
+        assert "num_processes=2" in log and "num_processes=4" in log, log
+    # a training setting: a warning naming both values; --dry_run prints every host's command
+    runs = Launches(tmp_path)
+    for rank, precision in ((0, "no"), (1, "bf16")):
+        flags = [*_flags(hosts, rank), "--mixed_precision", precision, "--preflight", "--dry_run"]
+        runs.start(hosts, rank, [*flags, TRAIN, "ddp", "x"], _env(tmp_path))
+    for code, log in runs.wait(timeout=120):
+        assert code == 0, log
+        assert "warning: hosts disagree" in log and "mixed_precision=bf16" in log, log
+        assert "# machine 0:" in log and "# machine 1:" in log and "--local-addr" in log, log
+        assert "GLOO_SOCKET_IFNAME=eth1" in log, log
+    # ... and an error with --preflight strict
+    runs = Launches(tmp_path)
+    for rank, precision in ((0, "no"), (1, "bf16")):
+        flags = [*_flags(hosts, rank), "--mixed_precision", precision, "--preflight", "strict"]
+        runs.start(hosts, rank, [*flags, TRAIN, "ddp", tmp_path / "never.pt"], _env(tmp_path))
+    for code, log in runs.wait(timeout=120):
+        assert code == PREFLIGHT_EXIT_CODE and "mixed_precision=no" in log, log
+
+
+def test_preflight_names_an_interface_that_cannot_reach_machine_0(
+    hosts: Hosts, tmp_path: Path
+) -> None:
+    wait = ["--preflight_timeout", "8"]
+    results = _preflight(hosts, tmp_path, [
+        (0, [*_flags(hosts, 0), *wait], {}),
+        (1, [*_flags(hosts, 1), *wait], {"GLOO_SOCKET_IFNAME": "eth0"}),  # the dead network
+        (2, [*_flags(hosts, 1), *wait], {"GLOO_SOCKET_IFNAME": "eth7"}),  # no such interface
+    ])  # fmt: skip
+    (code0, log0), (code1, log1), (code2, log2) = results
+    assert code1 == PREFLIGHT_EXIT_CODE, log1
+    assert f"interface chosen for the run's traffic ({hosts.dead_address(1)})" in log1, log1
+    assert "set them to eth1" in log1, log1
+    assert code2 == PREFLIGHT_EXIT_CODE and "GLOO_SOCKET_IFNAME=eth7 names no interface" in log2
+    # machine 0 saw nobody come and says which rank is missing
+    assert code0 == PREFLIGHT_EXIT_CODE and "machine_rank 1 never arrived" in log0, log0
+
+
+def test_preflight_names_the_world_of_one_trap(hosts: Hosts, tmp_path: Path) -> None:
+    """`--main_process_ip localhost` on every machine: each machine's loopback is its own."""
+    plans = []
+    for rank in (0, 1):
+        flags = [*_flags(hosts, rank), "--preflight_timeout", "5"]
+        flags[flags.index("--main_process_ip") + 1] = "127.0.0.1"
+        plans.append((rank, flags, {}))
+    (code0, log0), (code1, log1) = _preflight(hosts, tmp_path, plans)
+    for code, log in ((code0, log0), (code1, log1)):
+        assert code == PREFLIGHT_EXIT_CODE, log
+        assert "main_process_ip 127.0.0.1 is a loopback address" in log, log
+    assert "machine_rank 1 never arrived" in log0, log0

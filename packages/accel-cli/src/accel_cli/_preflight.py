@@ -50,6 +50,10 @@ PREFLIGHT_EXIT_CODE = 78
 DEFAULT_TIMEOUT = 900.0
 WAIT_NOTE_SECONDS = 10.0
 _CONNECT_SECONDS = 3.0
+# A main address from which nothing at all comes back (no refusal: no machine holds it, or a
+# firewall drops the port) for this long is a mistake, not a machine still starting: a
+# machine that is up refuses a connection to a port nothing listens on yet.
+UNANSWERED_SECONDS = 6.0
 _SETTLE_SECONDS = 1.0
 # What the machines of one run must agree on for the rendezvous to form (fatal), and what
 # they should agree on for the run to mean anything (a warning; an error with strict).
@@ -334,6 +338,15 @@ def _holder(port: int) -> str:
     return ""
 
 
+def _answers(address: str, port: int) -> bool:
+    """Whether `address:port` accepts a connection by the routed interface."""
+    try:
+        socket.create_connection((address, port), timeout=_CONNECT_SECONDS).close()
+    except OSError:
+        return False
+    return True
+
+
 def _connect(
     route: Route,
     port: int,
@@ -345,9 +358,10 @@ def _connect(
     """Connect to the main port until `deadline`, from `source` when the user chose the
     interface; a Problem when the main machine cannot be reached."""
     target = f"{route.main_address}:{port}"
-    noted, unreachable = False, 0
     started = time.monotonic()
+    noted, unreachable, silent_since = False, 0, None
     while True:
+        attempt = time.monotonic()
         try:
             return socket.create_connection(
                 (route.main_address, port),
@@ -355,61 +369,42 @@ def _connect(
                 source_address=(source, 0) if source else None,
             )
         except OSError as err:
-            code = err.errno
-            if source is not None and code != errno.ECONNREFUSED:
-                try:  # does the main machine answer by the routed interface?
-                    socket.create_connection(
-                        (route.main_address, port), timeout=_CONNECT_SECONDS
-                    ).close()
-                except OSError:
-                    pass
-                else:
-                    return Problem(
-                        me,
-                        (
-                            f"the interface chosen for the run's traffic ({source}) cannot reach "
-                            f"machine 0 at {target}, which answers by {route.interface} "
-                            f"({route.local_address}). Unset GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME "
-                            f"or set them to {route.interface}."
-                        ),
-                    )
-            if code in (errno.EHOSTUNREACH, errno.ENETUNREACH):
-                unreachable += 1
-                if unreachable >= 2:
-                    return Problem(
-                        me,
-                        (
-                            f"no host answers at main_process_ip {route.main_address} (host "
-                            f"unreachable, {describe_interfaces()}). Give machine 0's address "
-                            f"as --main_process_ip."
-                        ),
-                    )
-            if time.monotonic() >= deadline:
-                why = (
-                    "connection refused"
-                    if code == errno.ECONNREFUSED
-                    else (err.strerror or type(err).__name__)
-                )
-                return Problem(
-                    me,
-                    (
-                        f"nothing answered on {target} ({why}) before the preflight timeout: "
-                        f"machine 0 was not started, or --main_process_ip/--main_process_port do "
-                        f"not name it, or a firewall drops the port."
-                    ),
-                )
-            if not noted and time.monotonic() - started > 5.0:
-                noted = True
-                why = (
-                    "nothing listens there yet"
-                    if code == errno.ECONNREFUSED
-                    else (err.strerror or "no answer")
-                )
-                say(
-                    f"waiting for machine 0 at {target}: {why} (is machine_rank 0 started, and "
-                    f"is {route.main_address} its address?)"
-                )
-            time.sleep(0.2)
+            code, why = err.errno, err.strerror or "no answer"
+        now = time.monotonic()
+        if code == errno.ECONNREFUSED:
+            silent_since, why = None, "nothing listens there yet"  # its launcher is late
+        else:
+            if source is not None and _answers(route.main_address, port):
+                return Problem(me, _wrong_interface(source, target, route))
+            silent_since = silent_since or attempt
+            unreachable += code in (errno.EHOSTUNREACH, errno.ENETUNREACH)
+        if unreachable >= 2 or (
+            silent_since is not None and now - silent_since >= UNANSWERED_SECONDS
+        ):
+            return Problem(me, (
+                f"no host answers at main_process_ip {route.main_address}: for "
+                f"{now - started:.0f} s neither a refusal nor an answer came back (no machine "
+                f"holds that address, or a firewall drops port {port}; {describe_interfaces()}). "
+                f"Give machine 0's address as --main_process_ip."
+            ))  # fmt: skip
+        if now >= deadline:
+            return Problem(me, (
+                f"nothing answered on {target} ({why}) before the preflight timeout: machine 0 "
+                f"was not started, or --main_process_ip/--main_process_port do not name it."
+            ))  # fmt: skip
+        if not noted and now - started > 5.0:
+            noted = True
+            say(f"waiting for machine 0 at {target}: {why} (is machine_rank 0 started, and is "
+                f"{route.main_address} its address?)")  # fmt: skip
+        time.sleep(0.2)
+
+
+def _wrong_interface(source: str, target: str, route: Route) -> str:
+    return (
+        f"the interface chosen for the run's traffic ({source}) cannot reach machine 0 at "
+        f"{target}, which answers by {route.interface} ({route.local_address}). Unset "
+        f"GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME or set them to {route.interface}."
+    )
 
 
 def run_preflight(

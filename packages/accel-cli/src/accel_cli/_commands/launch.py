@@ -163,8 +163,11 @@ def _network_env(
         return {}, None, False
     if preflight_wanted(config, flag):
         timeout = getattr(args, "preflight_timeout", None) or DEFAULT_PREFLIGHT_TIMEOUT
-        outcome = run_preflight(config, os.environ, strict=flag == "strict", timeout=timeout)
-        report_preflight(outcome, lambda text: say(f"preflight: {text}"))
+        tell = lambda text: say(f"preflight: {text}")  # noqa: E731
+        outcome = run_preflight(
+            config, os.environ, strict=flag == "strict", timeout=timeout, say=tell
+        )
+        report_preflight(outcome, tell)
         if outcome.fatal:
             return PREFLIGHT_EXIT_CODE
         route = outcome.route
