@@ -70,7 +70,9 @@ class Launches:
         log = self.tmp / f"host{host}.{len(self.logs)}.log"
         argv = hosts.command(host, accel_command("launch", *args))
         with log.open("w") as out:
-            proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(
+                argv, env=env, cwd=self.tmp, stdout=out, stderr=subprocess.STDOUT
+            )
         self.procs.append(proc)
         self.logs.append(log)
 
@@ -250,3 +252,42 @@ def test_preflight_names_the_world_of_one_trap(hosts: Hosts, tmp_path: Path) -> 
         assert code == PREFLIGHT_EXIT_CODE, log
         assert "main_process_ip 127.0.0.1 is a loopback address" in log, log
     assert "machine_rank 1 never arrived" in log0, log0
+
+
+# -- a host lost while the others wait in a collective ------------------------------------------
+@pytest.mark.parametrize("how", ["link_cut", "killed"])
+def test_hang_doctor_names_the_lost_host(hosts: Hosts, tmp_path: Path, how: str) -> None:
+    hang_timeout = 4
+    ready = tmp_path / "ready"
+    env = _env(tmp_path)
+    runs = Launches(tmp_path)
+    for rank in (0, 1):
+        flags = [*_flags(hosts, rank), "--hang_timeout", hang_timeout]
+        runs.start(hosts, rank, [*flags, HANG, ready], env)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not ready.exists():
+            assert runs.procs[0].poll() is None, runs.logs[0].read_text()[-3000:]
+            assert time.monotonic() < deadline, "the ranks never met"
+            time.sleep(0.05)
+        lost_at = time.monotonic()
+        if how == "link_cut":
+            hosts.cut(1)
+        else:
+            hosts.kill(1)
+        code = runs.procs[0].wait(timeout=hang_timeout + 60)
+        ended_after = time.monotonic() - lost_at
+    finally:
+        runs.kill()
+        hosts.kill(1)
+        hosts.mend(1)
+    log = runs.logs[0].read_text()
+    assert code == HANG_EXIT_CODE, log[-4000:]
+    # within the hang timeout + 30 s: the bound for the survivors
+    assert ended_after < hang_timeout + 30, (ended_after, log[-4000:])
+    lost = f"host {hosts.address(1)} (rank 1)"
+    if how == "link_cut":
+        assert f"{lost} is lost: it does not answer on the network" in log, log[-4000:]
+    else:
+        assert f"{lost} answers on the network, but its processes wrote no report" in log, log
+    assert "while rank 0" in log and "reduce #" in log and "_multihost_hang.py" in log, log

@@ -8,6 +8,7 @@
 #   bash tools/netns/hosts.sh exec NAME I CMD...   run CMD on host I
 #   bash tools/netns/hosts.sh cut NAME I    take host I's cluster link down (a lost host)
 #   bash tools/netns/hosts.sh mend NAME I   bring it back up
+#   bash tools/netns/hosts.sh kill NAME I   SIGKILL every process running on host I
 #
 # Host I has two interfaces, made in this order:
 #   eth0  10.214.0.(10+I)/24  a management network that reaches nobody (its peer is down):
@@ -22,7 +23,7 @@ CLUSTER_NET=10.213.0
 MGMT_NET=10.214.0
 FIRST_HOST=10
 
-usage() { sed -n '2,12p' "$0" >&2; exit 2; }
+usage() { sed -n '2,13p' "$0" >&2; exit 2; }
 
 host_ns() { echo "$1-h$2"; }
 switch_ns() { echo "$1-sw"; }
@@ -70,5 +71,6 @@ case "$cmd" in
   exec) [[ $# -ge 3 ]] || usage; ns=$(host_ns "$1" "$2"); shift 2; exec ip netns exec "$ns" "$@" ;;
   cut) [[ $# -eq 2 ]] || usage; ip -n "$(host_ns "$1" "$2")" link set eth1 down ;;
   mend) [[ $# -eq 2 ]] || usage; ip -n "$(host_ns "$1" "$2")" link set eth1 up ;;
+  kill) [[ $# -eq 2 ]] || usage; ip netns pids "$(host_ns "$1" "$2")" | xargs -r kill -9 ;;
   *) usage ;;
 esac

@@ -102,6 +102,28 @@ def test_diagnose_names_a_rank_that_left_no_report() -> None:
     )
 
 
+def test_diagnose_names_a_lost_machine_by_what_the_probes_found() -> None:
+    """Ranks 2 and 3 share a machine that wrote nothing: a machine, not a process, is gone;
+    the survivors' probe tells a cut link (silent) from killed processes (answers)."""
+    hosts = {"0": "10.0.0.1", "1": "10.0.0.1", "2": "10.0.0.2", "3": "10.0.0.2"}
+    entry = [_entry(3, "gather", 9, "entered")]
+    for state, words in (
+        ("silent", "is lost: it does not answer on the network (its link or the machine is down)"),
+        ("answers", "answers on the network, but its processes wrote no report"),
+        (None, "wrote no report (the machine, its link or its processes went down)"),
+    ):
+        probes = {} if state is None else {"10.0.0.2": state}
+        report = {"collectives": entry, "host": "10.0.0.1", "hosts": hosts, "probes": probes}
+        text = diagnose({0: report, 1: report, 2: None, 3: None}).splitlines()[0]
+        assert text.startswith(f"accel hang doctor: host 10.0.0.2 (ranks 2, 3) {words}"), text
+        assert text.endswith("while rank 0 is in gather #3 (train.py:9); rank 1 is in gather #3 "
+                             "(train.py:9)"), text  # fmt: skip
+    # a silent rank on a machine that reported is a process gone, as before
+    report = {"collectives": entry, "host": "10.0.0.1", "hosts": hosts}
+    text = diagnose({0: report, 1: None, 2: report, 3: report}).splitlines()[0]
+    assert "rank 1 wrote no report (the process died or was killed)" in text
+
+
 def test_a_step_past_the_timeout_is_reported_without_ending_the_process(tmp_path: Path) -> None:
     doctor = HangDoctor(0.3, rank=0, world_size=1, folder=tmp_path, exit_process=False).start()
     try:

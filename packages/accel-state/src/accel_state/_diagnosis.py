@@ -10,6 +10,10 @@ A report folder holds, per rank k that could write one, `rank<k>.json`:
     stack               [frame]: the main thread, outermost first; each has file, line,
                         function, module, user (outside accel, torch and the standard library)
     nccl_trace          str: the Flight Recorder file, or why there is none
+    host                str: the address of the rank's machine (toward the main machine)
+    hosts               {rank: address}: every rank's machine, as far as the store told
+    probes              {address: "answers" | "silent"}: the machines of the ranks that wrote
+                        no report, probed on the network (only when some were missing)
 """
 
 from __future__ import annotations
@@ -141,6 +145,9 @@ def _headline(present: Mapping[int, Report], missing: list[int]) -> str:
             verb = _verb(entry) if entry else "is at"
             others.append(f"rank {rank} {verb} {where}")
         tail = f" while {'; '.join(others)}" if others else ""
+        lost = _lost_hosts(present, missing)
+        if lost is not None:
+            return f"{lost}{tail}"
         return f"{who} {gone} wrote no report (the process died or was killed){tail}"
     if found is None:
         places = {rank: where_in_stack(r) for rank, r in sorted(present.items())}
@@ -179,6 +186,41 @@ def _headline(present: Mapping[int, Report], missing: list[int]) -> str:
     ranks = ", ".join(str(r) for r in sorted(reached))
     entry = reached[min(reached)]
     return f"ranks {ranks} are all in {_label(entry)}: no rank diverged; a peer is slow or stuck"
+
+
+def _lost_hosts(present: Mapping[int, Report], missing: list[int]) -> str | None:
+    """The machines none of whose ranks wrote a report, with what the probes of the ranks
+    that did found ("silent": its link or the machine is down); None when every silent rank
+    shares a machine with a rank that reported (a process, not a machine, is gone)."""
+    hosts: dict[int, str] = {}
+    probes: dict[str, str] = {}
+    for report in present.values():
+        hosts.update({int(rank): str(addr) for rank, addr in report.get("hosts", {}).items()})
+        probes.update(report.get("probes", {}))
+    reporting = {str(report.get("host")) for report in present.values()}
+    by_host: dict[str, list[int]] = {}
+    for rank in missing:
+        addr = hosts.get(rank)
+        if addr is None or addr in reporting:
+            return None
+        by_host.setdefault(addr, []).append(rank)
+    parts = []
+    for addr, ranks in by_host.items():
+        who = f"host {addr} ({'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks))})"
+        state = probes.get(addr)
+        if state == "silent":
+            parts.append(
+                f"{who} is lost: it does not answer on the network (its link or the machine is down)"
+            )
+        elif state == "answers":
+            parts.append(
+                f"{who} answers on the network, but its processes wrote no report (they died or were killed)"
+            )
+        else:
+            parts.append(
+                f"{who} wrote no report (the machine, its link or its processes went down)"
+            )
+    return "; ".join(parts)
 
 
 def _rank_line(rank: int, report: Report | None) -> str:

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from accel_state import _ring
+from accel_state import _hosts, _ring
 from accel_state._diagnosis import (
     DIAGNOSIS_FILE,
     diagnose,
@@ -35,6 +35,7 @@ from accel_state._diagnosis import (
 # The exit code of every rank (and of `accel launch`) after a diagnosed hang.
 HANG_EXIT_CODE = 86
 STORE_KEY = "accel_hang_doctor/notice"
+HOST_KEY = "accel_hang_doctor/host"  # + "/<rank>": the address of the rank's machine
 NOTICE_FILE = "NOTICE"
 _STDLIB = (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"])
 _ACTIVE: HangDoctor | None = None  # the doctor watching this process
@@ -84,6 +85,7 @@ class HangDoctor:
         self._thread: threading.Thread | None = None
         self.diagnosis: str | None = None
         self.hooks: list[Any] = []  # handles (with .remove()) dropped by stop()
+        self.host = "127.0.0.1"  # this machine's address toward the main one (start())
 
     # -- the rank's side --------------------------------------------------------------------
     def start(self) -> HangDoctor:
@@ -98,6 +100,12 @@ class HangDoctor:
             for name in (NOTICE_FILE, DIAGNOSIS_FILE):
                 (self.folder / name).unlink(missing_ok=True)
         _ring.ACTIVE, _ACTIVE = self.ring, self
+        self.host = _hosts.host_address()
+        if self.store is not None:
+            try:
+                self.store.set(f"{HOST_KEY}/{self.rank}", self.host)
+            except Exception:  # the notice file still works without the store
+                self.store = None
         self.beat()
         self._thread = threading.Thread(target=self._watch, name="accel-hang-doctor", daemon=True)
         self._thread.start()
@@ -185,7 +193,11 @@ class HangDoctor:
         self.write_report(reason)
         if self.notify is not None:
             Path(self.notify).write_text(str(self.folder))
-        self._wait(lambda: all(report_path(self.folder, r).exists() for r in self._ranks()))
+        everyone = self._wait(
+            lambda: all(report_path(self.folder, r).exists() for r in self._ranks())
+        )
+        if not everyone:  # is the machine of a silent rank still on the network?
+            self.write_report(reason, probe=True)
         if self.notify is None:
             self._print_diagnosis()
         if self.exit_process:
@@ -226,8 +238,24 @@ class HangDoctor:
         os.replace(tmp, done)
         print(f"{self.diagnosis}\n  reports: {self.folder}", file=sys.stderr, flush=True)
 
-    def write_report(self, reason: str) -> None:
-        """`rank<k>.stack.txt` (every thread) and `rank<k>.json` (ring, stack, reason)."""
+    def _known_hosts(self) -> dict[str, str]:
+        """rank -> the address of its machine, as far as the store (still) tells."""
+        hosts = {str(self.rank): self.host}
+        if self.store is None:
+            return hosts
+        try:
+            for rank in self._ranks():
+                key = f"{HOST_KEY}/{rank}"
+                if rank != self.rank and self.store.check([key]):
+                    hosts[str(rank)] = self.store.get(key).decode()
+        except Exception:  # the store's host is gone
+            self.store = None
+        return hosts
+
+    def write_report(self, reason: str, probe: bool = False) -> None:
+        """`rank<k>.stack.txt` (every thread) and `rank<k>.json` (ring, stack, reason, the
+        machines of the ranks; with `probe`, whether the machines of the ranks that wrote no
+        report answer on the network)."""
         with open(stack_path(self.folder, self.rank), "w") as f:
             faulthandler.dump_traceback(f, all_threads=True)
         report = {
@@ -238,7 +266,16 @@ class HangDoctor:
             "collectives": self.ring.to_list(),
             "stack": main_thread_stack(),
             "nccl_trace": collect_nccl_trace(self.folder, self.rank),
+            "host": self.host,
+            "hosts": self._known_hosts(),
         }
+        if probe:
+            silent = {
+                addr
+                for rank, addr in report["hosts"].items()
+                if not report_path(self.folder, int(rank)).exists()
+            }
+            report["probes"] = _hosts.probe(sorted(silent - {self.host}))
         target = report_path(self.folder, self.rank)
         tmp = target.with_suffix(".tmp")
         tmp.write_text(json.dumps(report, indent=1))

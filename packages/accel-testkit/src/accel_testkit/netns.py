@@ -5,6 +5,7 @@ management network that reaches nobody, eth1 the cluster network on a bridge).
     hosts = make_hosts("accel12", 3)      # or a str: why they cannot be made here
     hosts.command(1, ["accel", "launch", ...])   # the argv that runs on host 1
     hosts.cut(1); hosts.mend(1)           # host 1's cluster link down and up again
+    hosts.kill(1)                         # every process on host 1 killed
     hosts.remove()
 """
 
@@ -48,6 +49,10 @@ class Hosts:
 
     def mend(self, i: int) -> None:
         self._run("mend", self.name, i)
+
+    def kill(self, i: int) -> None:
+        """SIGKILL every process running on host i."""
+        self._run("kill", self.name, i)
 
     def remove(self) -> None:
         self._run("down", self.name)
