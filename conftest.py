@@ -16,6 +16,15 @@ import pytest
 # Variables that libraries set for themselves on first use (pytest; torch when it first
 # imports torch._dynamo / inductor): not a leak of the test that happened to trigger them.
 _SET_BY_LIBRARIES = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"}
+# torch-xla sets these when its runtime starts (the XLA tests, on PJRT_DEVICE=CPU)
+_SET_BY_LIBRARIES |= {
+    "GRPC_VERBOSITY",
+    "PJRT_DYNAMIC_PLUGINS",
+    "SKIP_MEGASCALE_PJRT_CLIENT",
+    "TF_CPP_MIN_LOG_LEVEL",
+    "XLA_FLAGS",
+    "XLA_USE_SPMD",  # the last: set by torch_xla.runtime.use_spmd()
+}
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -36,6 +45,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         import torch
     except ImportError:  # a package installed alone without torch (accel-tracking): no GPU
         torch = None
+    if os.environ.get("PJRT_DEVICE") != "TPU":
+        tpu = pytest.mark.skip(
+            reason="needs several XLA replicas (a TPU host, PJRT_DEVICE=TPU): XLA's CPU device "
+            "runs one replica per process in CI (torch-xla's rendezvous hangs with more)"
+        )
+        for item in items:
+            if "tpu" in item.keywords:
+                item.add_marker(tpu)
     if torch is not None and torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU; none is visible on this machine")

@@ -291,3 +291,75 @@ def test_hang_doctor_names_the_lost_host(hosts: Hosts, tmp_path: Path, how: str)
     else:
         assert f"{lost} answers on the network, but its processes wrote no report" in log, log
     assert "while rank 0" in log and "reduce #" in log and "_multihost_hang.py" in log, log
+
+
+# -- elastic: a host's link cut mid-training, then the host back ---------------------------------
+def test_elastic_run_survives_a_cut_link_and_takes_the_host_back(
+    hosts: Hosts, tmp_path: Path
+) -> None:
+    """test_elastic.py's scenario on separate hosts, with host 1's link cut instead of its
+    processes killed: host 0's worker is left waiting in a barrier that no error ends; the
+    hang doctor ends it after --hang_timeout (15 s: above a resumed worker's first step on a
+    loaded 2-core machine, which includes importing torch's compiler), torchrun restarts it, the rendezvous drops host
+    1 (its heartbeats stopped) and the worker resumes alone from the newest checkpoint. At the
+    checkpoint of step GROW host 1 comes back (link up, its launcher started again) and both
+    resume on 2 processes. The weights equal a run that changed its processes on purpose."""
+    sys.path.insert(0, str(HERE))
+    try:
+        import test_elastic as plain
+    finally:
+        sys.path.remove(str(HERE))
+    env = _env(tmp_path, LOGLEVEL="INFO")
+    elastic, reference = tmp_path / "elastic", tmp_path / "reference"
+    shrink, grow = plain.SHRINK, plain.GROW
+    holds = ["--hold", "1:0", "--hold", f"2:{shrink}", "--hold", f"1:{grow}"]
+    script = [plain.SCRIPT, elastic, *holds]
+    flags = [
+        "--nnodes", "1:2", "--nproc_per_node", "1", "--rdzv_backend", "c10d",
+        "--rdzv_endpoint", f"{hosts.address(0)}:{PORT}", "--max_restarts", "3",
+        "--monitor_interval", "0.2", "--rdzv_conf", plain.RDZV_CONF, "--hang_timeout", "15",
+    ]  # fmt: skip
+    parts = [f"2:{shrink}", f"1:{grow}", "2:-1"]
+    ref_log = tmp_path / "reference.log"
+    with ref_log.open("w") as out:
+        ref = subprocess.Popen(
+            [sys.executable, str(plain.SCRIPT), str(reference), "--planned", *parts],
+            env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    runs = Launches(tmp_path)
+    try:
+        runs.start(hosts, 1, [*flags, *script], env)  # B first: A hosts the store (is_host)
+        runs.start(hosts, 0, [*flags, *script], env)
+        b, a = runs.procs
+        plain._wait_for(f"the checkpoint of step {shrink}",
+                        lambda: plain._complete(elastic, shrink), [a, b], runs.logs)  # fmt: skip
+        hosts.cut(1)
+        plain._wait_for(f"the checkpoint of step {grow}",
+                        lambda: plain._complete(elastic, grow), [a], runs.logs[1:])  # fmt: skip
+        hosts.kill(1)  # host 1 comes back: its link up, its launcher started again
+        hosts.mend(1)
+        runs.start(hosts, 1, [*flags, *script], env)
+        for proc, log in zip(runs.procs[1:], runs.logs[1:]):
+            assert proc.wait(timeout=TIMEOUT) == 0, log.read_text()[-5000:]
+        assert ref.wait(timeout=TIMEOUT) == 0, ref_log.read_text()[-3000:]
+    finally:
+        runs.kill()
+        hosts.kill(1)
+        hosts.mend(1)
+        if ref.poll() is None:
+            ref.kill()
+    log_a = runs.logs[1].read_text()
+    assert f"host {hosts.address(1)} (rank 1) is lost" in log_a, log_a[-5000:]
+    assert "the run recovered" in log_a, log_a[-3000:]
+
+    def resumes(project: Path) -> list[tuple[int, int, int]]:
+        starts = sorted(plain._starts(project), key=lambda s: (s["step"], s["rank"]))
+        return [(s["world"], s["step"], s["rank"]) for s in starts if s["resumed"]]
+
+    planned = [(1, shrink, 0), (2, grow, 0), (2, grow, 1)]
+    assert resumes(elastic) == planned == resumes(reference), plain._starts(elastic)
+    expected = plain.load_file(reference / "final" / "model.safetensors")
+    got = plain.load_file(elastic / "final" / "model.safetensors")
+    assert expected.keys() == got.keys() and expected
+    for name, value in expected.items():
+        assert torch.equal(got[name], value), name

@@ -29,6 +29,9 @@ EXPECTED = [
     "TorchContextParallelConfig",
     "TorchTensorParallelConfig",
     "TorchTensorParallelPlugin",
+    "XLASpmdStrategy",
+    "XLAStrategy",
+    "XLATopology",
     "add_job",
     "apply_tensor_parallel",
     "balanced_stage_map",
@@ -53,6 +56,8 @@ EXPECTED = [
     "staged_writes",
     "staging",
     "unwrap_parallel",
+    "xla_requested",
+    "xla_topology",
 ]
 
 

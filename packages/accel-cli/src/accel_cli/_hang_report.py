@@ -1,10 +1,13 @@
 """`accel launch --hang_timeout`: the launcher's side of the hang doctor.
 
 Before the start, a note file is named in the launch configuration (`hang_report_note`);
-a worker that diagnoses a hang writes its report folder there. When the run ends with a
-note written, the launcher reads every rank's report (accel_state.hang, imported only then,
-so the launcher does not import torch on its way in), prints one diagnosis naming the first
-divergence between ranks, and exits with `HANG_EXIT_CODE`.
+a worker that diagnoses a hang writes its report folder there once every rank that could
+has written its report. The launcher watches the note while the run goes on: when it is
+written, it reads every rank's report (accel_state.hang, imported only then, so the launcher
+does not import torch on its way in), prints one diagnosis naming the first divergence
+between ranks, and empties the note for the next one (torchrun may restart the workers,
+`--max_restarts`, and a restarted worker clears the old reports). The launcher exits with
+`HANG_EXIT_CODE` after a diagnosed hang, unless the restarted run finished (exit code 0).
 """
 
 from __future__ import annotations
@@ -13,11 +16,16 @@ import dataclasses
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from accel_cli._launch_config import LaunchConfig
 
 NOTE_KEY = "hang_report_note"
+# The ranks of one machine each write the note as they stop, within their grace period of
+# each other; a restarted worker (importing torch, meeting in a rendezvous) clears the old
+# reports seconds later.
+QUIET_SECONDS = 1.5
 
 
 def with_hang_note(config: LaunchConfig) -> tuple[LaunchConfig, Path | None]:
@@ -31,23 +39,54 @@ def with_hang_note(config: LaunchConfig) -> tuple[LaunchConfig, Path | None]:
     return dataclasses.replace(config, handed_down=handed), Path(name)
 
 
-def report_hang(note: Path | None, code: int, world_size: int) -> int:
-    """Print the diagnosis when a worker left a hang report; the launcher's exit code."""
-    if note is None:
-        return code
-    try:
-        folder = note.read_text().strip()
-    finally:
-        note.unlink(missing_ok=True)
-    if not folder:
-        return code
-    from accel_state.hang import DIAGNOSIS_FILE, HANG_EXIT_CODE, diagnose, load_reports
+class HangWatch:
+    """Watch the note of one launch; print each diagnosis as it comes."""
 
-    reports = load_reports(folder, world_size)
-    sizes = {int(r["world_size"]) for r in reports.values() if r is not None}
-    if sizes and max(sizes) != world_size:
-        reports = load_reports(folder, max(sizes))
-    text = diagnose(reports)
-    Path(folder, DIAGNOSIS_FILE).write_text(text + "\n")
-    print(f"\n{text}\n  reports: {folder}\n  exit code {HANG_EXIT_CODE}", file=sys.stderr)
-    return HANG_EXIT_CODE
+    def __init__(self, note: Path | None, world_size: int) -> None:
+        self.note, self.world_size = note, world_size
+        self.diagnosed = 0
+
+    def poll(self, *, final: bool = False) -> None:
+        """Print the diagnosis of a hang the workers reported since the last poll, once the
+        note has been quiet for QUIET_SECONDS (every rank of this machine writes it as it
+        stops), or at once when the run has ended (`final`)."""
+        if self.note is None:
+            return
+        try:
+            folder = self.note.read_text().strip()
+            quiet = time.time() - self.note.stat().st_mtime
+        except OSError:
+            return
+        if not folder or (quiet < QUIET_SECONDS and not final):
+            return
+        self.note.write_text("")
+        from accel_state.hang import DIAGNOSIS_FILE, diagnose, load_reports
+
+        reports = load_reports(folder, self.world_size)
+        sizes = {int(r["world_size"]) for r in reports.values() if r is not None}
+        if sizes and max(sizes) != self.world_size:
+            reports = load_reports(folder, max(sizes))
+        text = diagnose(reports)
+        Path(folder, DIAGNOSIS_FILE).write_text(text + "\n")
+        print(f"\n{text}\n  reports: {folder}", file=sys.stderr, flush=True)
+        self.diagnosed += 1
+
+    def finish(self, code: int) -> int:
+        """The launcher's exit code once the run ended with `code`."""
+        if self.note is None:
+            return code
+        self.poll(final=True)
+        self.note.unlink(missing_ok=True)
+        if not self.diagnosed:
+            return code
+        from accel_state.hang import HANG_EXIT_CODE
+
+        if code == 0:  # torchrun restarted the workers (--max_restarts) and the run finished
+            print(
+                "accel: the run recovered from the hang above (torchrun restarted its workers) "
+                "and finished: exit code 0",
+                file=sys.stderr,
+            )
+            return 0
+        print(f"accel: exit code {HANG_EXIT_CODE} (a diagnosed hang)", file=sys.stderr)
+        return HANG_EXIT_CODE

@@ -26,7 +26,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 
 from accel_cli._torchrun import ESCALATE_SIGNAL
@@ -122,7 +122,11 @@ class _Stopper:
 
 
 def run_child(
-    argv: Sequence[str], env: Mapping[str, str], *, through_torchrun: bool = False
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    through_torchrun: bool = False,
+    on_poll: Callable[[], None] | None = None,
 ) -> int:
     """Start `argv`, wait for it, and return its exit code (`STOPPED_EXIT_CODE` when it
     stopped cleanly on a SIGTERM / SIGUSR1 that the launcher received).
@@ -130,6 +134,7 @@ def run_child(
     `through_torchrun`: the child is torchrun and the workers are its children, which get
     the first stop request directly. The launcher keeps waiting until the child exits.
     `python -m torch.distributed.run ...` runs as `python -m accel_cli._torchrun ...`.
+    `on_poll`: called every poll while the child runs (the hang doctor's note is watched so).
     """
     argv, stop_now = list(argv), signal.SIGTERM
     if through_torchrun and argv[1:3] == ["-m", TORCHRUN_MODULE]:
@@ -150,6 +155,8 @@ def run_child(
                 code = exit_code(child.wait(timeout=_POLL_SECONDS))
             except subprocess.TimeoutExpired:
                 stopper.check_restart()
+                if on_poll is not None:
+                    on_poll()
                 continue
             if stopper.requested and code == 0:
                 print(

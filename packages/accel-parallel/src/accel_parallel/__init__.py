@@ -1,7 +1,8 @@
 """accel-parallel: training strategies that wrap a model and its optimizer.
 
 One small object per backend behind `Strategy` (single device, DDP, FSDP2, DeepSpeed ZeRO,
-and the pipeline / tensor-parallel / FSDP2 mesh of a `ParallelismConfig`), each registered by
+the pipeline / tensor-parallel / FSDP2 mesh of a `ParallelismConfig`, and XLA devices
+through torch-xla), each registered by
 name (`register_strategy`); `resolve_strategy` picks one once, from every source of
 configuration.
 """
@@ -63,6 +64,13 @@ from accel_parallel._strategy import (
     unwrap_parallel,
 )
 from accel_parallel._tp import ReplicateParallel, apply_tensor_parallel
+from accel_parallel._xla import (
+    XLASpmdStrategy,
+    XLAStrategy,
+    XLATopology,
+    xla_requested,
+    xla_topology,
+)
 from accel_parallel.checkpoint import merge_fsdp_weights
 
 __version__ = "0.1.0"
@@ -96,6 +104,9 @@ __all__ = [
     "TorchContextParallelConfig",
     "TorchTensorParallelConfig",
     "TorchTensorParallelPlugin",
+    "XLASpmdStrategy",
+    "XLAStrategy",
+    "XLATopology",
     "add_job",
     "apply_tensor_parallel",
     "balanced_stage_map",
@@ -120,4 +131,6 @@ __all__ = [
     "staged_writes",
     "staging",
     "unwrap_parallel",
+    "xla_requested",
+    "xla_topology",
 ]

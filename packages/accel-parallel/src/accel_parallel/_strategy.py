@@ -111,6 +111,18 @@ class Strategy:
         "fsdp2", "zero1".."zero3") and options; None where it is not estimated."""
         return None
 
+    def batch_feeder(self) -> Callable[[Iterator[Any]], Iterator[Any]] | None:
+        """How a prepared loader's batches reach the device: a function from the host's
+        batches to the device's (XLA's parallel loader); None: the loader moves each batch."""
+        return None
+
+    def rng_state(self) -> dict[str, Any]:
+        """The device's random state beyond torch.accelerator's, for a checkpoint's RNG file."""
+        return {}
+
+    def set_rng_state(self, state: Any) -> None:
+        """Restore what `rng_state` captured (entries it does not know are ignored)."""
+
     # -- data parallel (a device mesh narrows these to its data-parallel dimensions) ------
     device_mesh: Any = None
 

@@ -244,10 +244,24 @@ def gather(tensor: Any, *, group: Any = None) -> Any:
     )
 
 
+def _refuse_on_xla() -> None:
+    from accel_state._enums import DistributedType
+    from accel_state._state import PartialState
+
+    topology = PartialState._topology
+    if topology is not None and topology.distributed_type == DistributedType.XLA:
+        raise NotImplementedError(
+            "gather objects in TPU is not supported: on XLA, gather tensors (gather, "
+            "gather_for_metrics without use_gather_object) instead of Python objects."
+        )
+
+
 def gather_object(obj: Any, *, group: Any = None) -> list[Any]:
-    """Gather picklable objects: lists and tuples are concatenated, anything else is listed."""
+    """Gather picklable objects: lists and tuples are concatenated, anything else is listed.
+    Refused on XLA, as accelerate refuses it (XLA's collectives move tensors only)."""
     import torch.distributed as dist
 
+    _refuse_on_xla()
     if _world(group) == 1:
         return list(obj) if isinstance(obj, (list, tuple)) else [obj]
     out: list[Any] = [None] * dist.get_world_size(group)

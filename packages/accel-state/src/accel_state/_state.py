@@ -177,6 +177,8 @@ def _pick_backend(device: torch.device, requested: str | None) -> str:
     if requested is None:
         if device.type == "cuda":
             requested = "nccl"
+        elif device.type == "xla":
+            requested = "xla"  # registered by torch_xla.distributed.xla_backend
         elif device.type == "cpu":
             requested = "gloo"
         else:
@@ -204,8 +206,10 @@ class _SharedStateView:
 class PartialState(ProcessControl):
     """The process topology: rank, world size, device, backend; made once per process.
 
-    Sources, strongest first: explicit arguments, the launcher's environment (torchrun, SLURM,
-    Open MPI, MPICH / Intel MPI), the configuration of `accel launch`, defaults. Every instance
+    Sources, strongest first: explicit arguments (`device`: an XLA device, which the caller
+    reads from torch-xla's runtime, makes the run's type XLA), the launcher's environment
+    (torchrun, SLURM, Open MPI, MPICH / Intel MPI), the configuration of `accel launch`,
+    defaults. Every instance
     shares one topology; it cannot be changed after creation (``PartialState._reset_state()``
     starts over, for tests). Creating the first instance of a multi-process run creates the
     process group; importing accel-state does nothing.
@@ -224,6 +228,7 @@ class PartialState(ProcessControl):
         num_processes: int | None = None,
         process_index: int | None = None,
         local_process_index: int | None = None,
+        device: torch.device | str | None = None,
         **kwargs: Any,
     ) -> None:
         if kwargs.pop("_use_sagemaker_dp", None):
@@ -245,6 +250,7 @@ class PartialState(ProcessControl):
                 num_processes=num_processes,
                 process_index=process_index,
                 local_process_index=local_process_index,
+                device=device,
             )
         else:
             self._check_consistent(cpu=cpu, backend=backend, num_processes=num_processes)
@@ -380,8 +386,10 @@ def _build_topology(
     num_processes: int | None,
     process_index: int | None,
     local_process_index: int | None,
+    device: torch.device | str | None = None,
 ) -> Topology:
     launched = resolved_launch_config()
+    given = None if device is None else torch.device(device)
     if cpu is None:
         cpu = bool(launched.get("cpu", False))
     elif "cpu" in launched and bool(launched["cpu"]) != cpu:
@@ -398,17 +406,19 @@ def _build_topology(
         # The user (or a framework) made the process group: adopt it.
         info = detect_launch()
         info = dataclasses.replace(info, rank=dist.get_rank(), world_size=dist.get_world_size())
-        device = _pick_device(cpu, info.local_rank, info.world_size)
+        device = given or _pick_device(cpu, info.local_rank, info.world_size)
         return _topology(info, device, str(dist.get_backend()))
 
     info = _merge_launch(detect_launch(), num_processes, process_index, local_process_index)
     _validate(info)
-    device = _pick_device(cpu, info.local_rank, info.world_size)
+    device = given or _pick_device(cpu, info.local_rank, info.world_size)
     if info.world_size == 1:
         return _topology(info, device, _pick_backend(device, backend) if backend else None)
 
     chosen = _pick_backend(device, backend)
     init_method = pg_kwargs.init_method
+    if init_method is None and device.type == "xla":
+        init_method = "xla://"  # torch-xla's backend meets through its runtime: no address
     if init_method is None:
         if not info.master_addr:
             raise RuntimeError(
@@ -417,7 +427,7 @@ def _build_topology(
                 f"export MASTER_ADDR (and MASTER_PORT) on every process."
             )
         init_method = f"tcp://{info.master_addr}:{info.master_port or DEFAULT_MASTER_PORT}"
-    if device.type != "cpu":
+    if device.type not in ("cpu", "xla"):
         torch.get_device_module(device.type).set_device(device)
     extra = dict(pg_kwargs.extra)
     if pg_kwargs.timeout is not None:
@@ -446,7 +456,9 @@ def _build_topology(
 
 
 def _topology(info: LaunchInfo, device: torch.device, backend: str | None) -> Topology:
-    if info.world_size > 1:
+    if device.type == "xla":
+        dtype = DistributedType.XLA
+    elif info.world_size > 1:
         dtype = MULTI_DEVICE_TYPES.get(device.type, DistributedType.MULTI_GPU)
     else:
         dtype = DistributedType.NO

@@ -44,8 +44,12 @@ from accel_parallel import (
     ProcessInfo,
     Strategy,
     TorchTensorParallelPlugin,
+    XLASpmdStrategy,
+    XLAStrategy,
     no_sync_all,
     resolve_strategy,
+    xla_requested,
+    xla_topology,
 )
 from accel_precision import FP8RecipeKwargs, make_precision
 from accel_state import DistributedType, ProcessControl, resolved_launch_config
@@ -103,7 +107,9 @@ class Accelerator(
         history written when a step runs out of memory."""
         handlers = sort_kwargs_handlers(kwargs_handlers)
         self.state = AcceleratorState(
-            cpu=cpu, init_process_group_kwargs=handlers.get("init_process_group")
+            cpu=cpu,
+            init_process_group_kwargs=handlers.get("init_process_group"),
+            **_xla_placement(cpu, strategy),
         )
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
@@ -541,8 +547,26 @@ def _autocast_with(precision: Any, handler: Any) -> Iterator[Any]:
         precision.autocast_kwargs = saved
 
 
+def _xla_placement(cpu: bool | None, strategy: Any) -> dict[str, Any]:
+    """The topology torch-xla's runtime gives this process, when the run is on XLA: the
+    strategy names an XLA one, or none is named and an XLA device is there (torch-xla installed,
+    PJRT_DEVICE set or a TPU's libtpu; USE_TORCH_XLA=0 opts out). Else nothing: torch_xla is
+    not imported."""
+    named = strategy if isinstance(strategy, str) else None
+    xla_names = (XLAStrategy.name, XLASpmdStrategy.name)
+    if cpu or not (named in xla_names or (strategy is None and xla_requested(os.environ))):
+        return {}
+    topology = xla_topology(spmd=named == XLASpmdStrategy.name)
+    return {
+        "device": topology.device,
+        "num_processes": topology.num_processes,
+        "process_index": topology.process_index,
+        "local_process_index": topology.local_process_index,
+    }
+
+
 def _empty_cache(device: torch.device) -> None:
-    if device.type != "cpu":
+    if device.type not in ("cpu", "xla"):  # torch-xla frees device memory itself
         module = torch.get_device_module(device.type)
         if hasattr(module, "empty_cache"):
             module.empty_cache()

@@ -42,12 +42,18 @@ class RngSyncObserver:
 
 class _TimedBatches:
     """The batches of a prepared loader, timed and counted by the Accelerator's StepMetrics
-    when step metrics are on (`step_metrics` set by `prepare`)."""
+    when step metrics are on (`step_metrics` set by `prepare`), and moved to the device by the
+    strategy's `batch_feeder` where it has one (XLA's parallel loader; set by `prepare`). The
+    loader counts the batches it hands out, so a feeder that reads ahead keeps its position
+    exact."""
 
     step_metrics: Any = None
+    batch_feeder: Callable[[Iterator[Any]], Iterator[Any]] | None = None
 
     def _batches(self, skip: int) -> Iterator[Any]:
         batches = super()._batches(skip)  # type: ignore[misc]
+        if self.batch_feeder is not None:
+            batches = self.batch_feeder(batches)
         return batches if self.step_metrics is None else self.step_metrics.timed(batches)
 
 

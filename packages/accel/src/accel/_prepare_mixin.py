@@ -187,18 +187,20 @@ class PrepareMixin:
                 f"data-parallel ranks; use dispatch_batches=False (each data-parallel rank reads "
                 f"its own batches)."
             )
+        feeder = self.strategy.batch_feeder() if placement else None  # XLA's parallel loader
         prepared = prepare_data_loader(
             dataloader,
             num_processes=self.strategy.data_parallel_size,
             process_index=self.strategy.data_parallel_rank,
             device=self.device,
-            put_on_device=placement,
+            put_on_device=placement and feeder is None,
             iteration_observer=self._iteration_observer(),
             shard_class=DataLoaderShard,
             dispatcher_class=DataLoaderDispatcher,
             **self.dataloader_config.prepare_kwargs(),
         )
         prepared.gradient_state = self.gradient_state
+        prepared.batch_feeder = feeder
         self._dataloaders.append(prepared)
         if self._step_metrics is not None:
             self._step_metrics.watch_loader(prepared)

@@ -77,6 +77,9 @@ class StoppingMixin:
             stop = bool(this.reduce(flag, "sum").item() > 0)
         if stop:
             ignore_repeated_stop_signals()
+        doctor = getattr(self, "_hang_doctor", None)
+        if doctor is not None:  # a loop that asks is at a step boundary: it is alive
+            doctor.beat()
         return stop
 
 

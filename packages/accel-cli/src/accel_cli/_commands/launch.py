@@ -41,7 +41,7 @@ from accel_cli._environment import (
     env_wants_cpu,
 )
 from accel_cli._flags import given_flags
-from accel_cli._hang_report import report_hang, with_hang_note
+from accel_cli._hang_report import HangWatch, with_hang_note
 from accel_cli._launch_config import LaunchConfig
 from accel_cli._network import (
     SOCKET_IFNAME_VARIABLES,
@@ -127,8 +127,9 @@ def run(args: argparse.Namespace) -> int:
     config, note = with_hang_note(config)  # not before --dry_run: it makes a file
     if note is not None:
         env = {**build_env(config, os.environ, cpu_cores=cores), **extra_env}
-    code = run_child(cmd, env, through_torchrun=torchrun)
-    return report_hang(note, code, config.num_processes)
+    watch = HangWatch(note, config.num_processes)
+    code = run_child(cmd, env, through_torchrun=torchrun, on_poll=watch.poll)
+    return watch.finish(code)
 
 
 def _print_dry_run(config: LaunchConfig, cmd: list[str], env: Mapping[str, str]) -> None:

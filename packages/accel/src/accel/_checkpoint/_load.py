@@ -115,6 +115,7 @@ def load_process_state(
         )  # fmt: skip
     if existed:
         set_rng_state(rng)
+        ck.strategy.set_rng_state(rng)
     else:  # the warning points at the caller of Accelerator.load_state
         warnings.warn(
             f"load_state: process {index} did not exist in the run that saved "

@@ -65,7 +65,8 @@ def write_checkpoint(ck: Checkpointer, tmp: Path, safe: bool) -> None:
         for i, obj in enumerate(ck.custom_objects):
             save_object(obj.state_dict(), tmp / custom_file(i))
     rank = ck.state.process_index
-    save_object(rng_state(ck.gradient_state.micro_step), tmp / rng_file(rank))
+    rng = rng_state(ck.gradient_state.micro_step) | ck.strategy.rng_state()  # XLA's: xm_seed
+    save_object(rng, tmp / rng_file(rank))
     save_object(process_state(ck), tmp / process_file(rank))
 
 

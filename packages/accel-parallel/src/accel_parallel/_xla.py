@@ -1,0 +1,356 @@
+"""XLA devices (TPUs; XLA's CPU backend in tests) through torch-xla.
+
+Two strategies: "xla", one XLA device per process (gradients all-reduced once per optimizer
+step over the replicas), and "xla_spmd", one process driving every device of its host with
+torch-xla's SPMD (each batch sharded over a 1-D "data" mesh; the compiler inserts the gradient
+reduction). torch_xla is imported only when one of them is asked for or selected, and only
+where it is installed (`xla_requested`); `pip install "accel-parallel[xla]"` installs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from accel_parallel._registry import StrategyRequest, register_strategy
+from accel_parallel._strategy import ProcessInfo, Strategy
+
+ENV_USE_TORCH_XLA = "USE_TORCH_XLA"  # accelerate's opt-out: "0" keeps an XLA machine off XLA
+ENV_PJRT_DEVICE = "PJRT_DEVICE"  # torch-xla's runtime device ("TPU", "CPU", "CUDA")
+INSTALL_HINT = 'pip install "accel-parallel[xla]" torch==<torch-xla\'s version, e.g. 2.9.0>'
+_OFF = ("0", "false", "no", "off")
+
+
+def xla_requested(environ: Mapping[str, str]) -> bool:
+    """Whether a run that names no strategy runs on XLA: torch-xla is installed, the run did
+    not opt out (``USE_TORCH_XLA=0``), and there is an XLA device (``PJRT_DEVICE`` names one,
+    or libtpu is installed). Imports nothing."""
+    if str(environ.get(ENV_USE_TORCH_XLA, "1")).lower() in _OFF:
+        return False
+    if importlib.util.find_spec("torch_xla") is None:
+        return False
+    return bool(environ.get(ENV_PJRT_DEVICE)) or importlib.util.find_spec("libtpu") is not None
+
+
+def _torch_xla() -> Any:
+    """torch_xla, imported, or an ImportError naming the install command (and the torch
+    release torch-xla needs, which must be the same)."""
+    try:
+        import torch_xla
+    except ImportError as error:
+        raise ImportError(
+            f"XLA devices need torch-xla ({error}); install it with: {INSTALL_HINT}"
+        ) from None
+    wanted = ".".join(str(torch_xla.__version__).split(".")[:2])
+    have = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+    if wanted != have:
+        raise ImportError(
+            f"torch-xla {torch_xla.__version__} runs on torch {wanted}.x only, and torch "
+            f"{torch.__version__} is installed: pip install torch=={wanted}.0"
+        )
+    return torch_xla
+
+
+@dataclasses.dataclass(frozen=True)
+class XLATopology:
+    """Who this process is on XLA, as torch-xla's runtime says (`xla_topology`)."""
+
+    device: torch.device
+    num_processes: int
+    process_index: int
+    local_process_index: int
+    num_devices: int  # the devices this process drives (SPMD: every device of its host)
+    spmd: bool
+
+
+def xla_topology(*, spmd: bool = False) -> XLATopology:
+    """Start torch-xla's runtime (in SPMD mode when `spmd`) and read this process's place.
+
+    With several replicas, torch-xla's `xla` backend of torch.distributed is registered, so the
+    process group (made by accel-state) runs XLA's collectives."""
+    torch_xla = _torch_xla()
+    import torch_xla.runtime as xr
+
+    if spmd:
+        xr.use_spmd()
+    device = torch_xla.device()
+    world = xr.world_size()
+    if world > 1:
+        import torch_xla.distributed.xla_backend
+    return XLATopology(
+        device=torch.device(device),
+        num_processes=world,
+        process_index=xr.global_ordinal(),
+        local_process_index=xr.local_ordinal(),
+        num_devices=xr.global_runtime_device_count() if spmd else 1,
+        spmd=spmd,
+    )
+
+
+class XLAStrategy(Strategy):
+    """One XLA device per process: the model and its optimizer's parameters moved there,
+    batches fed through torch-xla's parallel loader, gradients all-reduced once per optimizer
+    step (not in the backward: accumulation needs no `no_sync`), a graph cut at each step."""
+
+    name = "xla"
+    reshardable = True  # full states, written from the host: they load on any engine
+
+    def __init__(self, info: ProcessInfo, *, clip_norm: float | None = None) -> None:
+        self._xla = _torch_xla()
+        super().__init__(info, clip_norm=clip_norm)
+        device = info.device if info.device.type == "xla" else self._xla.device()
+        self._device = torch.device(device)
+        self._reduced: set[int] = set()  # parameters whose gradients this step reduced
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def distributed_type(self, topology: Any) -> Any:
+        from accel_state import DistributedType
+
+        return DistributedType.XLA
+
+    # -- preparing ------------------------------------------------------------------------
+    def prepare(
+        self, models: list[nn.Module], optimizers: list[torch.optim.Optimizer]
+    ) -> tuple[list[nn.Module], list[torch.optim.Optimizer]]:
+        """Move the models to the device and point their optimizers at the moved parameters
+        (moving to an XLA device makes new Parameter objects), optimizer state included."""
+        before = {id(p): (i, n) for i, m in enumerate(models) for n, p in m.named_parameters()}
+        moved = [self.wrap_model(m) for m in models]
+        after = {(i, n): p for i, m in enumerate(moved) for n, p in m.named_parameters()}
+        for optimizer in optimizers:
+            _repoint(optimizer, {k: after[v] for k, v in before.items()}, self.device)
+        return moved, optimizers
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        return self.move_model(model)
+
+    def batch_feeder(self) -> Callable[[Iterator[Any]], Iterator[Any]]:
+        """Batches reach the device through torch-xla's ParallelLoader (background transfer;
+        the loader cuts the graph between batches, as torch-xla's MpDeviceLoader does)."""
+        return self._feed
+
+    def _input_sharding(self) -> Any:
+        return None
+
+    def _feed(self, batches: Iterator[Any]) -> Iterator[Any]:
+        import torch_xla.distributed.parallel_loader as pl
+
+        loader = pl.ParallelLoader(
+            _Once(batches), [self.device], input_sharding=self._input_sharding()
+        )
+        try:
+            yield from loader.per_device_loader(self.device)
+        finally:
+            loader.close()
+
+    # -- the step --------------------------------------------------------------------------
+    def _reduce(self, parameters: Iterable[nn.Parameter]) -> None:
+        """All-reduce (average) the gradients of `parameters` not reduced yet this step."""
+        todo = [p for p in parameters if p.grad is not None and id(p) not in self._reduced]
+        self._reduced.update(id(p) for p in todo)
+        if todo and self.info.num_processes > 1:
+            import torch_xla.core.xla_model as xm
+
+            grads = [p.grad for p in todo]
+            xm.all_reduce(xm.REDUCE_SUM, grads, scale=1.0 / self.info.num_processes)
+
+    def clip_grad_norm_(
+        self, parameters: Iterable[nn.Parameter], max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
+        params = list(parameters)
+        self._reduce(params)
+        return super().clip_grad_norm_(params, max_norm, norm_type)
+
+    def clip_grad_value_(self, parameters: Iterable[nn.Parameter], clip_value: float) -> None:
+        params = list(parameters)
+        self._reduce(params)
+        super().clip_grad_value_(params, clip_value)
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, precision: Any) -> bool:
+        self._reduce(p for g in optimizer.param_groups for p in g["params"])
+        stepped = super().optimizer_step(optimizer, precision)
+        self._reduced.clear()
+        self._xla.sync()  # the accumulation boundary: run the step's graph
+        return stepped
+
+    # -- state: on the host, so that every engine reads it -------------------------------------
+    def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        self._xla.sync()
+        return _to_host(super().model_state_dict(model))
+
+    def optimizer_state_dict(
+        self, optimizer: torch.optim.Optimizer, model: nn.Module | None = None
+    ) -> dict[str, Any]:
+        self._xla.sync()
+        return _to_host(optimizer.state_dict())
+
+    def gradients_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        self._xla.sync()
+        return super().gradients_state(model)
+
+    def rng_state(self) -> dict[str, Any]:
+        import torch_xla.core.xla_model as xm
+
+        return {"xm_seed": xm.get_rng_state(self.device)}  # accelerate's key
+
+    def set_rng_state(self, state: Mapping[str, Any]) -> None:
+        if "xm_seed" in state:
+            import torch_xla.core.xla_model as xm
+
+            xm.set_rng_state(int(state["xm_seed"]), self.device)
+
+    def manual_seed(self, seed: int) -> None:
+        import torch_xla.core.xla_model as xm
+
+        xm.set_rng_state(seed, self.device)
+
+
+class XLASpmdStrategy(XLAStrategy):
+    """One process over every XLA device of its host (SPMD): parameters replicated, each batch
+    sharded along its first dimension over a 1-D "data" mesh; the compiler adds the gradient
+    all-reduce. A batch whose first dimension the devices do not divide is replicated."""
+
+    name = "xla_spmd"
+
+    def __init__(self, info: ProcessInfo, *, clip_norm: float | None = None) -> None:
+        super().__init__(info, clip_norm=clip_norm)
+        import numpy as np
+        import torch_xla.distributed.spmd as xs
+        import torch_xla.runtime as xr
+
+        if not xr.is_spmd():
+            raise RuntimeError(
+                "strategy 'xla_spmd' needs torch-xla's SPMD mode, which must be on before the "
+                "first XLA tensor: create the Accelerator(strategy='xla_spmd') first, or call "
+                "torch_xla.runtime.use_spmd() at the start of the script."
+            )
+        count = xr.global_runtime_device_count()
+        self.mesh = xs.Mesh(np.arange(count), (count,), ("data",))
+
+    def _input_sharding(self) -> Any:
+        return _BatchSharding(self.mesh)
+
+    def _reduce(self, parameters: Iterable[nn.Parameter]) -> None:
+        """SPMD: the compiled step reduces the gradients itself."""
+
+    def shard_batch(self, batch: Any) -> Any:
+        """`batch` (on the device) sharded along its first dimension over the mesh."""
+        import torch_xla.distributed.spmd as xs
+
+        def shard(t: Any) -> Any:
+            spec = _batch_spec(t, self.mesh)
+            return t if spec is None else xs.mark_sharding(t, self.mesh, spec).global_tensor
+
+        return _map_tensors(shard, batch)
+
+
+class _BatchSharding:
+    """For ParallelLoader: each tensor's sharding over the "data" mesh (first dimension)."""
+
+    minibatch = False
+
+    def __init__(self, mesh: Any) -> None:
+        self.mesh = mesh
+
+    def xla_spec(self, tensor: torch.Tensor) -> Any:
+        import torch_xla.distributed.spmd as xs
+
+        spec = _batch_spec(tensor, self.mesh)
+        return None if spec is None else xs.ShardingSpec(self.mesh, spec).xla_spec(tensor)
+
+
+def _batch_spec(tensor: torch.Tensor, mesh: Any) -> tuple[Any, ...] | None:
+    devices = mesh.size()
+    if tensor.dim() == 0 or tensor.shape[0] % devices:
+        return None
+    return ("data",) + (None,) * (tensor.dim() - 1)
+
+
+class _Once:
+    """An iterator as the iterable ParallelLoader reads from its thread."""
+
+    def __init__(self, batches: Iterator[Any]) -> None:
+        self._batches = batches
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._batches
+
+
+def _map_tensors(fn: Callable[[torch.Tensor], Any], value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, Mapping):
+        return type(value)({k: _map_tensors(fn, v) for k, v in value.items()})  # type: ignore[call-arg]
+    if isinstance(value, list | tuple):
+        return type(value)(_map_tensors(fn, v) for v in value)
+    return value
+
+
+def _to_host(value: Any) -> Any:
+    return _map_tensors(lambda t: t.detach().cpu(), value)
+
+
+def _repoint(
+    optimizer: torch.optim.Optimizer, moved: dict[int, nn.Parameter], device: torch.device
+) -> None:
+    """Point `optimizer` at the moved parameters (`moved`: id of the old one -> new one) and
+    move its state there; a parameter of no prepared model is refused, naming the fix."""
+    state = optimizer.state
+    for group in optimizer.param_groups:
+        params: Sequence[nn.Parameter] = group["params"]
+        new = []
+        for p in params:
+            if p.device.type == "xla":
+                new.append(p)
+                continue
+            if id(p) not in moved:
+                raise ValueError(
+                    f"the optimizer holds a parameter of shape {tuple(p.shape)} on {p.device} that "
+                    f"no model of this prepare() call has: moving a model to an XLA device makes "
+                    f"new parameters, so pass the model together with its optimizer to one "
+                    f"prepare() call (or make the optimizer from the prepared model)."
+                )
+            q = moved[id(p)]
+            if p in state:
+                state[q] = _map_tensors(lambda t: t.to(device), state.pop(p))
+            new.append(q)
+        group["params"] = new
+
+
+def _build(request: StrategyRequest) -> XLAStrategy:
+    _refuse_fp16(request, "xla")
+    return XLAStrategy(request.info, clip_norm=request.clip_norm)
+
+
+def _build_spmd(request: StrategyRequest) -> XLASpmdStrategy:
+    _refuse_fp16(request, "xla_spmd")
+    if request.info.num_processes > 1:
+        raise ValueError(
+            f"strategy 'xla_spmd' drives every device of a host from one process; this run has "
+            f"{request.info.num_processes} processes. Launch one process per host, or use 'xla'."
+        )
+    return XLASpmdStrategy(request.info, clip_norm=request.clip_norm)
+
+
+def _refuse_fp16(request: StrategyRequest, name: str) -> None:
+    if request.mixed_precision == "fp16":
+        raise ValueError(
+            f"mixed_precision='fp16' is not supported by strategy {name!r}: TPUs compute in "
+            f"bfloat16; use mixed_precision='bf16'."
+        )
+
+
+register_strategy(
+    XLAStrategy.name,
+    _build,
+    claims=lambda request: 30 if request.info.device.type == "xla" else None,
+)
+register_strategy(XLASpmdStrategy.name, _build_spmd)
