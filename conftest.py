@@ -40,6 +40,20 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         compileall.compile_dir(root / folder, quiet=2)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """On XLA's CPU device (CI's torch-xla lane), start torch-xla's runtime before any test
+    runs a backward: torch's autograd engine sizes its per-device queues at the first backward
+    of the process, and an XLA device that appears after that fails every XLA backward."""
+    if os.environ.get("PJRT_DEVICE") == "CPU" and importlib.util.find_spec("torch_xla"):
+        import torch_xla
+        import torch_xla.runtime as xr
+
+        if int(os.environ.get("CPU_NUM_DEVICES", "1")) > 1:
+            # several virtual devices serve SPMD (test_xla_spmd.py): its mode comes first
+            xr.use_spmd()
+        torch_xla.device()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     try:
         import torch

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import traceback
 from collections.abc import Iterable
 from pathlib import Path
@@ -177,13 +178,26 @@ def _requests() -> dict[str, dict[str, Any]]:
 
 
 def world_size(name: str) -> int:
-    return 1 if name == "single_device" else 2
+    """One process for the single-device ones (XLA's CPU device runs one replica per process)."""
+    return 1 if name in ("single_device", "xla", "xla_spmd") else 2
 
 
 def missing_library(name: str) -> str | None:
     """Why strategy `name` cannot run here (None: it can)."""
+    if name == "fault_tolerant":
+        return (
+            "replica groups need a lighthouse and one launch per group: "
+            "integration-tests/test_replica_groups.py runs them against plain DDP"
+        )
     if name == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
         return "deepspeed is not installed (pip install accel-parallel[deepspeed])"
+    if name in ("xla", "xla_spmd"):
+        if importlib.util.find_spec("torch_xla") is None:
+            return 'torch-xla is not installed (pip install "accel-parallel[xla]")'
+        if os.environ.get("PJRT_DEVICE") != "CPU":
+            return "the XLA contract runs on XLA's CPU device: set PJRT_DEVICE=CPU"
+        if name == "xla_spmd":
+            return "SPMD mode must be on from the runtime's start: test_xla_spmd.py (accel) runs it"
     return None
 
 
@@ -215,7 +229,7 @@ def _step(strategy: Strategy, model: Any, opt: Any, flag: dict, step: int) -> fl
     share; returns the gradient norm clip_grad_norm_ reported (before clipping)."""
     dp, rank = strategy.data_parallel_size, strategy.data_parallel_rank
     for micro in range(ACCUMULATE):
-        x, y = (t.chunk(dp)[rank] for t in micro_batch(step, micro))
+        x, y = (t.chunk(dp)[rank].to(strategy.device) for t in micro_batch(step, micro))
         flag["sync"] = micro == ACCUMULATE - 1
         block = contextlib.nullcontext() if flag["sync"] else strategy.no_sync(model)
         with block:
