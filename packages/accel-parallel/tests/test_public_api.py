@@ -9,6 +9,7 @@ EXPECTED = [
     "DummyOptim",
     "DummyScheduler",
     "FSDP2Strategy",
+    "FaultTolerantStrategy",
     "FullyShardedDataParallelPlugin",
     "HfDeepSpeedConfig",
     "JoinsUnevenInputs",

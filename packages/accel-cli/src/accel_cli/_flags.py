@@ -336,6 +336,24 @@ _PARALLELISM = (
     _f("parallelism_config_sp_seq_length_is_variable", True, loose_bool,
        refused=SEQUENCE_PARALLEL),
     _f("parallelism_config_sp_attn_implementation", "sdpa", refused=SEQUENCE_PARALLEL),
+# accel's own: this launch is one replica group of a fault-tolerant run (torchft; the
+# worker's FaultTolerancePlugin, unless the script passes its own).
+_FT = (
+    _f("ft_replica_group_id", kind=int, help="This launch's replica group, 0 .. N-1 (one "
+       "`accel launch` per group; each its own --main_process_port on a shared machine)."),
+    _f("ft_num_replica_groups", kind=int, help="How many replica groups train together."),
+    _f("ft_min_replica_groups", 1, int, help="The fewest groups a step commits with."),
+    _f("ft_lighthouse", help="The lighthouse's address, http://HOST:PORT (`accel lighthouse` "
+       "prints it; default: $TORCHFT_LIGHTHOUSE)."),
+    _f("ft_timeout", 30.0, float, help="Seconds for connecting, a quorum, a collective, a "
+       "commit."),
+    _f("ft_semi_sync", choices=("local_sgd", "diloco"), help="Synchronize every "
+       "--ft_sync_every steps instead of every step: local_sgd averages the weights, diloco "
+       "the pseudo-gradients (outer Nesterov SGD)."),
+    _f("ft_sync_every", kind=int, help="Steps between synchronizations (with --ft_semi_sync)."),
+)  # fmt: skip
+SECTION_KEYS.update({f.name: ("fault_tolerance_config", f.name[3:]) for f in _FT})
+
 )  # fmt: skip
 SECTION_KEYS.update({
     f.name: ("parallelism_config", f.name)
@@ -347,6 +365,7 @@ FLAGS: tuple[Flag, ...] = (
     *_FP8,
     *_TORCHRUN,
     *_OTHER,
+    *_FT,
     *_TPU,
     *_SAGEMAKER,
     *_DEEPSPEED,
@@ -361,6 +380,7 @@ _GROUPS = (
     ("fp8 (with --mixed_precision fp8)", _FP8),
     ("torchrun", _TORCHRUN),
     ("other", _OTHER),
+    ("fault tolerance across replica groups (torchft; accel-parallel[ft])", _FT),
     ("refused: TPU", _TPU),
     ("refused: SageMaker", _SAGEMAKER),
     ("DeepSpeed ZeRO (with --use_deepspeed, or distributed_type: DEEPSPEED)", _DEEPSPEED),

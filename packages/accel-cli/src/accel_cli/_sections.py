@@ -44,7 +44,7 @@ def with_flag_sections(config: LaunchConfig, given: Mapping[str, Any]) -> Launch
     if given.get("use_megatron_lm"):
         handed["distributed_type"] = "MEGATRON_LM"
     sections_out = ("dynamo_config", "fp8_config", "fsdp_config", "deepspeed_config",
-                    "megatron_lm_config")  # fmt: skip
+                    "megatron_lm_config", "fault_tolerance_config")  # fmt: skip
     for section in (*sections_out, "parallelism_config"):
         if sections.get(section):
             handed[section] = typed_section(section, sections[section])
@@ -59,8 +59,9 @@ _INTS = {
     *(k for k in SECTION_KEYS if k.startswith("parallelism_config_") and k.endswith("_size")),
     "megatron_lm_tp_degree", "megatron_lm_pp_degree", "megatron_lm_num_micro_batches",
     "megatron_lm_context_parallel_size",
+    "replica_group_id", "num_replica_groups", "min_replica_groups", "sync_every",
 }  # fmt: skip
-_FLOATS = {"gradient_clipping", "megatron_lm_gradient_clipping", "megatron_lm_attention_dropout",
+_FLOATS = {"timeout", "gradient_clipping", "megatron_lm_gradient_clipping", "megatron_lm_attention_dropout",
            "megatron_lm_hidden_dropout"}  # fmt: skip
 _BOOLS = {
     "fsdp_offload_params", "fsdp_forward_prefetch", "fsdp_use_orig_params",

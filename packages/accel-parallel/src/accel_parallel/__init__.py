@@ -20,6 +20,7 @@ from accel_parallel._deepspeed_plugin import (
     DummyScheduler,
     HfDeepSpeedConfig,
 )
+from accel_parallel._fault_tolerant import FaultTolerantStrategy
 from accel_parallel._fsdp import FSDP2Strategy
 from accel_parallel._fsdp_plugin import FullyShardedDataParallelPlugin
 from accel_parallel._io import (
@@ -85,6 +86,7 @@ __all__ = [
     "DummyOptim",
     "DummyScheduler",
     "FSDP2Strategy",
+    "FaultTolerantStrategy",
     "FullyShardedDataParallelPlugin",
     "HfDeepSpeedConfig",
     "JoinsUnevenInputs",

@@ -35,6 +35,7 @@ class StrategyRequest:
     parallelism_config: Any = None
     launch: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     clip_norm: float | None = None
+    fault_tolerance: Any = None  # a FaultTolerancePlugin: this run is one of several groups
 
     @property
     def launched_type(self) -> str:
@@ -128,6 +129,7 @@ def resolve_strategy(
     launch_config: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
     mixed_precision: str = "no",
+    fault_tolerance: Any = None,
 ) -> ResolvedEngine:
     """The run's strategy, from every source, strongest first.
 
@@ -146,6 +148,7 @@ def resolve_strategy(
         "megatron_lm_plugin": megatron_lm_plugin,
         "parallelism_config": parallelism_config,
         "ddp_kwargs": ddp_kwargs,
+        "fault_tolerance": fault_tolerance,
     }
     if isinstance(strategy, Strategy):
         given = sorted(k for k, v in plugins.items() if v is not None)
@@ -186,6 +189,7 @@ def resolve_strategy(
         parallelism_config=config,
         launch=launch,
         clip_norm=clip_norm,
+        fault_tolerance=fault_tolerance,
     )
     name = strategy if strategy is not None else claimed_strategy(request)
     return ResolvedEngine(build_strategy(name, request), config)

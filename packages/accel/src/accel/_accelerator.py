@@ -51,6 +51,7 @@ from accel_parallel import (
     xla_requested,
     xla_topology,
 )
+from accel_parallel.fault_tolerance import ReplicaGroups
 from accel_precision import FP8RecipeKwargs, make_precision
 from accel_state import DistributedType, ProcessControl, resolved_launch_config
 
@@ -96,6 +97,7 @@ class Accelerator(
         log_step_metrics: bool | None = None,
         hang_timeout: float | None = None,
         oom_memory_snapshot: bool = False,
+        fault_tolerance: Any = None,
     ) -> None:
         """accelerate's arguments, plus `strategy`: a registered strategy's name ("ddp",
         "fsdp", "deepspeed", "mesh", "pipeline", "single_device", or one registered with
@@ -104,7 +106,9 @@ class Accelerator(
         throughput, FLOPs, MFU, memory and data wait (`step_metrics`, trackers, a line);
         `hang_timeout`: seconds after which a step or collective is diagnosed as a hang
         (accel_state.hang); `oom_memory_snapshot`: on CUDA, a snapshot of the allocator's
-        history written when a step runs out of memory."""
+        history written when a step runs out of memory; `fault_tolerance`: a
+        FaultTolerancePlugin, this run is one of several replica groups that survive each
+        other's failures (torchft)."""
         handlers = sort_kwargs_handlers(kwargs_handlers)
         self.state = AcceleratorState(
             cpu=cpu,
@@ -148,6 +152,7 @@ class Accelerator(
             launch_config=launched,
             environ=os.environ,
             mixed_precision=mode,
+            fault_tolerance=fault_tolerance,
         )
         self.strategy, self.parallelism_config = engine.strategy, engine.parallelism_config
         if self.strategy.engine_precision is not None:
@@ -466,6 +471,8 @@ class Accelerator(
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Save and restore these objects (anything with state_dict / load_state_dict)."""
         self._checkpointer.register(*objects)
+        if isinstance(self.strategy, ReplicaGroups):  # a rejoining group heals them too
+            self.strategy.register_for_healing(*objects)
 
     def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
         """``hook(models, weights, output_dir)`` before the models are saved; removing a

@@ -17,13 +17,24 @@ from accel_cli._commands import (
     env,
     estimate_memory,
     launch,
+    lighthouse,
     merge_weights,
     test,
     to_fsdp2,
     tpu_config,
 )
 
-COMMANDS = (launch, config, env, estimate_memory, test, to_fsdp2, merge_weights, tpu_config)
+COMMANDS = (
+    launch,
+    config,
+    env,
+    estimate_memory,
+    test,
+    to_fsdp2,
+    merge_weights,
+    tpu_config,
+    lighthouse,
+)
 BY_NAME = {command.NAME: command for command in COMMANDS}
 
 

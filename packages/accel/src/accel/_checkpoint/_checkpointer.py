@@ -44,6 +44,7 @@ from accel_parallel.checkpoint import (
     scheduler_file,
     staging_path,
 )
+from accel_parallel.fault_tolerance import ReplicaGroups
 
 
 class Checkpointer:
@@ -153,6 +154,10 @@ class Checkpointer:
                 "write to a shared folder."
             )
         target = _naming.save_target(pc, output_dir)
+        if isinstance(self.strategy, ReplicaGroups) and not self.strategy.writes_checkpoints:
+            if pc.automatic_checkpoint_naming:  # another replica group writes the same folder
+                pc.iteration += 1
+            return os.fspath(target)
         tmp = staging_path(target, pc.automatic_checkpoint_naming)
         sharers = self._sharers(target)
         owner = self._owns(sharers)

@@ -260,6 +260,7 @@ from accel_parallel.familiar import (
     TorchContextParallelConfig,
     map_pytorch_optim_to_deepspeed,
 )
+from accel_parallel.fault_tolerance import FaultTolerancePlugin
 from accel_precision import (
     AORecipeKwargs,
     AutocastKwargs,
@@ -337,6 +338,7 @@ __all__ = [
     "DummyScheduler",
     "DynamoBackend",
     "FP8RecipeKwargs",
+    "FaultTolerancePlugin",
     "FullyShardedDataParallelPlugin",
     "GPTTrainStep",
     "GatheredParameters",

