@@ -48,8 +48,9 @@ def batches():
 for batch_ids, xb, yb in batches():
     if strategy.current_step >= steps:
         break
-    before, t0 = strategy.current_step, time.time()
+    t0 = time.time()
     loss = nn.functional.mse_loss(model(xb), yb)
+    before = strategy.current_step  # after the step's quorum: a healed group's is its peers'
     accelerator.backward(loss)
     optimizer.step()
     scheduler.step()
@@ -70,7 +71,8 @@ for batch_ids, xb, yb in batches():
         trajectory.append(
             {k: v.clone() for k, v in accelerator.unwrap_model(model).state_dict().items()}
         )
-    time.sleep(pace)
+    alone = record["participants"] < strategy.plugin.num_replica_groups
+    time.sleep(pace * (4 if alone else 1))  # a survivor alone goes slower (the test waits)
 
 final = {
     "start": start,

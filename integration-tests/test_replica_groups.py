@@ -20,6 +20,7 @@ import os
 import signal
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -163,3 +164,62 @@ def test_two_groups_of_two_processes_equal_plain_ddp(tmp_path: Path) -> None:
 
 def test_three_groups_equal_plain_ddp(tmp_path: Path) -> None:
     _equal_to_ddp(tmp_path, groups=3, processes=1, steps=6)
+
+
+def _wait_for(what: str, check: object, procs: list[subprocess.Popen], out: Path) -> None:
+    """Poll `check()` until true; fail (with the launches' output) if a launch ended or
+    TIMEOUT passed first."""
+    deadline = time.monotonic() + TIMEOUT
+    while not check():
+        ended = [p.args for p in procs if p.poll() is not None]
+        logs = "\n".join(p.read_text()[-3000:] for p in sorted(out.glob("launch_g*.txt")))
+        assert not ended and time.monotonic() < deadline, f"waiting for {what}\n{logs}"
+        time.sleep(0.2)
+
+
+def _count(out: Path, group: int, **match: object) -> int:
+    path = out / f"g{group}_r0.jsonl"
+    if not path.exists():
+        return 0
+    recs = [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+    return sum(all(r[k] == v for k, v in match.items()) for r in recs)
+
+
+def test_a_killed_group_leaves_the_other_training_and_heals_from_it(tmp_path: Path) -> None:
+    out, steps = tmp_path / "kill", 100
+    out.mkdir()
+    with _lighthouse(tmp_path, 1) as address:
+        survivor = _group(tmp_path, address, 0, 2, out, steps, pace=0.1)
+        doomed = _group(tmp_path, address, 1, 2, out, steps, pace=0.1)
+        procs = [survivor, doomed]
+        _wait_for("5 steps of both", lambda: _count(out, 1, skipped=False) >= 5, procs, out)
+        os.killpg(doomed.pid, signal.SIGKILL)  # the whole group: launcher and worker
+        doomed.wait()
+        killed_at = len(_records(out, 1))
+        alone = lambda: _count(out, 0, skipped=False, participants=1) >= 5  # noqa: E731
+        _wait_for("5 steps of the survivor alone", alone, [survivor], out)
+        rejoined = _group(tmp_path, address, 1, 2, out, steps, pace=0.1)
+        _finish([survivor, rejoined], out)
+    first, second = _records(out, 0), _records(out, 1)
+    # the survivor: one run (no restart), every step once, some committed alone
+    committed = [r["step"] for r in first if not r["skipped"]]
+    assert committed == list(range(steps))
+    assert sum(r["participants"] == 1 and not r["skipped"] for r in first) >= 5
+    # the relaunched group's first step is the survivor's, not 0: it healed from it
+    before, after = second[:killed_at], second[killed_at:]
+    assert after[0]["step"] > before[-1]["step"] + 5, (before[-1], after[0])
+    assert [r["step"] for r in after if not r["skipped"]][-1] == steps - 1
+    # the lost group's samples of the steps it missed are dropped: the survivor alone reads
+    # only its own shard (ids 4k, 4k+1; group 1's are 4k+2, 4k+3)
+    alone_ids = {i for r in first if r["participants"] == 1 for i in r["ids"]}
+    assert alone_ids and all(i % 4 in (0, 1) for i in alone_ids)
+    # the end: the same weights, optimizer and scheduler state, bit for bit
+    a, b = _final(out, 0), _final(out, 1)
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    for i, state in a["optimizer"]["state"].items():
+        for name, value in state.items():
+            assert torch.equal(
+                torch.as_tensor(value), torch.as_tensor(b["optimizer"]["state"][i][name])
+            ), (i, name)
+    assert a["scheduler"] == b["scheduler"]
