@@ -140,7 +140,6 @@ def test_values_accel_cannot_honour_are_refused(argv, expected, tmp_path, capsys
     ("text", "expected"),
     [
         ("distributed_type: XLA\n", "TPU"),
-        ("parallelism_config:\n  parallelism_config_sp_size: 2\n", "DeepSpeed-Ulysses"),
         ("dynamo_config:\n  dynamo_backend: NVPRIMS_NVFUSER\n", "nvFuser"),
         ("mixed_precision: fp8\nfp8_config:\n  backend: MSAMP\n", "MS-AMP"),
     ],

@@ -98,8 +98,15 @@ def test_launch_section_and_environment() -> None:
     )
     assert c.dp_replicate_size == 4  # asked for a mesh, no sizes: every process a replica
     assert resolve_parallelism_config(None, world_size=4, environ={}) is None
-    with pytest.raises(ValueError, match="sp_size"):
-        ParallelismConfig.from_launch_config({"parallelism_config_sp_size": 2})
+    sp = ParallelismConfig.from_launch_config(
+        {"parallelism_config_sp_size": 2, "parallelism_config_sp_seq_length": "None",
+         "parallelism_config_sp_attn_implementation": "sdpa"}
+    )  # fmt: skip
+    assert (sp.sp_size, sp.sp_handler.sp_attn_implementation) == (2, "sdpa")
+    with pytest.raises(ValueError, match="sp_backend='megatron'"):
+        ParallelismConfig.from_launch_config(
+            {"parallelism_config_sp_size": 2, "parallelism_config_sp_backend": "megatron"}
+        )
     with pytest.raises(ValueError, match="Invalid cp_comm_strategy: ring"):
         ParallelismConfig.from_environment(
             {"PARALLELISM_CONFIG_CP_SIZE": "2", "PARALLELISM_CONFIG_CP_COMM_STRATEGY": "ring"}
@@ -182,7 +189,9 @@ def test_fields_take_accelerates_positions_and_backends() -> None:
         ParallelismConfig(cp_size=2, cp_handler=object())
 
 
-def test_sequence_parallel_is_carried_but_refused_for_a_run(monkeypatch) -> None:
+def test_sequence_parallel_takes_the_processes_it_does_not_share_as_data_parallel(
+    monkeypatch,
+) -> None:
     from accel_parallel import ParallelismConfig
     from accel_parallel._env_filled import DeepSpeedSequenceParallelConfig as EnvSP
     from accel_parallel._sequence_parallel import DeepSpeedSequenceParallelConfig
@@ -191,8 +200,14 @@ def test_sequence_parallel_is_carried_but_refused_for_a_run(monkeypatch) -> None
     assert c.sp_handler.sp_seq_length_is_variable is True
     assert (c.non_dp_dim_names, c.total_size) == (["sp"], 2)
     assert c.build_device_mesh("cpu") is None  # DeepSpeed makes its own groups
-    with pytest.raises(ValueError, match="sp_size=2.*does not train"):
-        c.resolved(2)
+    assert c.resolved(2) is c
+    assert (c.resolved(4).dp_shard_size, c.resolved(4).total_size) == (2, 4)
+    with pytest.raises(ValueError, match="sp_size=2.*does not divide the 3 processes"):
+        c.resolved(3)
+    with pytest.raises(ValueError, match="= 4, but the run has 2 processes"):
+        ParallelismConfig(sp_size=2, dp_shard_size=2).resolved(2)
+    with pytest.raises(ValueError, match="composes with data parallel only"):
+        ParallelismConfig(sp_size=2, tp_size=2).resolved(4)
     with pytest.raises(ValueError, match="set one of them to 1"):
         ParallelismConfig(cp_size=2, sp_size=2)
     with pytest.raises(ValueError, match="Invalid sp_attn_implementation: foobar"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -149,3 +151,38 @@ def test_a_new_engine_is_a_registration() -> None:
         from accel_parallel import _registry
 
         _registry._REGISTRY.pop("recording")
+
+
+def test_sequence_parallel_runs_under_deepspeed_from_code_or_launch_and_is_refused_elsewhere():
+    """sp_size > 1 is DeepSpeed's (its claim is above a mesh's); any other engine is refused
+    with the fix named."""
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("deepspeed is not installed (pip install accel-parallel[deepspeed])")
+    from accel_parallel import DeepSpeedStrategy
+
+    config = ParallelismConfig(sp_size=2)
+    ds = _strategy(FOUR, deepspeed_plugin=DeepSpeedPlugin(zero_stage=2), parallelism_config=config)
+    assert isinstance(ds, DeepSpeedStrategy) and ds.sequence_parallel.sp_size == 2
+    launch = {"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stage": 2},
+              "parallelism_config": {"parallelism_config_sp_size": 2}}  # fmt: skip
+    launched = resolve_strategy(FOUR, launch_config=launch)
+    assert launched.strategy.sequence_parallel.sp_size == 2
+    assert launched.parallelism_config.dp_shard_size == 2  # 4 processes, groups of 2
+    assert _strategy(FOUR, deepspeed_plugin=DeepSpeedPlugin()).sequence_parallel is None
+    for kwargs in ({}, {"fsdp_plugin": FullyShardedDataParallelPlugin()}):
+        with pytest.raises(ValueError, match=r"sp_size=2.*runs under DeepSpeed.*deepspeed_plugin"):
+            _strategy(FOUR, parallelism_config=config, **kwargs)
+
+
+def test_sequence_parallel_refuses_what_ulysses_cannot_shard():
+    from accel_parallel._deepspeed_ulysses import UlyssesSequenceParallel
+
+    sp = UlyssesSequenceParallel(2, None)
+    with pytest.raises(ValueError, match="Linear.*has no `config`.*transformers models only"):
+        sp.register(torch.nn.Linear(2, 2), 1)
+    model = torch.nn.Linear(2, 2)
+    model.config = type("C", (), {"layer_types": ["full_attention", "linear_attention"]})()
+    with pytest.raises(ValueError, match=r"\['linear_attention'\] carry a recurrent state"):
+        sp.register(model, 1)
+    with pytest.raises(ValueError, match="needs the model prepared first"):
+        sp.adapt_loader([], CPU)

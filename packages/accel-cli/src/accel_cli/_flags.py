@@ -26,11 +26,6 @@ SAGEMAKER = (
     "Amazon SageMaker is not provided by accel: `accel launch` runs on this machine; submit "
     "SageMaker jobs with `accelerate launch` or the SageMaker Python SDK"
 )
-SEQUENCE_PARALLEL = (
-    "sequence parallel (parallelism_config_sp_*) is DeepSpeed-Ulysses, which accel does not "
-    "run; split long sequences with --parallelism_config_cp_size (torch's context parallel, "
-    "CUDA only)"
-)
 MSAMP = (
     "MS-AMP is not supported by accel-precision; use --fp8_backend te (TransformerEngine) or "
     "ao (torchao)"
@@ -329,13 +324,18 @@ _PARALLELISM = (
        "attention."),
     _f("parallelism_config_cp_comm_strategy", "allgather", choices=("allgather", "alltoall"),
        help="How the ring attention exchanges keys and values."),
-    _f("parallelism_config_sp_size", 1, int, refused=SEQUENCE_PARALLEL),
-    _f("parallelism_config_sp_backend", "deepspeed", choices=("deepspeed",),
-       refused=SEQUENCE_PARALLEL),
-    _f("parallelism_config_sp_seq_length", refused=SEQUENCE_PARALLEL),
-    _f("parallelism_config_sp_seq_length_is_variable", True, loose_bool,
-       refused=SEQUENCE_PARALLEL),
-    _f("parallelism_config_sp_attn_implementation", "sdpa", refused=SEQUENCE_PARALLEL),
+    _f("parallelism_config_sp_size", 1, int, help="DeepSpeed's sequence parallel (ALST / "
+       "Ulysses, with --use_deepspeed): how many processes share each sequence."),
+    _f("parallelism_config_sp_backend", "deepspeed", choices=("deepspeed",)),
+    _f("parallelism_config_sp_seq_length", help="The one sequence length of every batch."),
+    _f("parallelism_config_sp_seq_length_is_variable", True, loose_bool),
+    _f("parallelism_config_sp_attn_implementation", "sdpa"),
+)  # fmt: skip
+SECTION_KEYS.update({
+    f.name: ("parallelism_config", f.name)
+    for f in _PARALLELISM if f.type is not None and not f.refused
+})  # fmt: skip
+
 # accel's own: this launch is one replica group of a fault-tolerant run (torchft; the
 # worker's FaultTolerancePlugin, unless the script passes its own).
 _FT = (
@@ -353,12 +353,6 @@ _FT = (
     _f("ft_sync_every", kind=int, help="Steps between synchronizations (with --ft_semi_sync)."),
 )  # fmt: skip
 SECTION_KEYS.update({f.name: ("fault_tolerance_config", f.name[3:]) for f in _FT})
-
-)  # fmt: skip
-SECTION_KEYS.update({
-    f.name: ("parallelism_config", f.name)
-    for f in _PARALLELISM if f.type is not None and not f.refused
-})  # fmt: skip
 
 FLAGS: tuple[Flag, ...] = (
     *_DYNAMO,

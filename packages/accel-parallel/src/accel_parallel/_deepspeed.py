@@ -7,7 +7,8 @@ engine does not divide again), tells the engine whether this backward ends an ac
 and steps it from the prepared optimizer's `step()`, once per optimizer step. Clipping happens
 only where asked: a number in the config / plugin, or `clip_grad_norm_` in the loop, which
 returns the global norm before clipping and clips in the engine's step that follows.
-deepspeed is imported when the first engine is built.
+deepspeed is imported when the first engine is built. Under a ParallelismConfig with
+``sp_size > 1`` the engine trains with DeepSpeed's sequence parallel (`_deepspeed_ulysses`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from accel_parallel._deepspeed_reshard import (
     load_universal,
     needs_universal,
 )
+from accel_parallel._deepspeed_ulysses import UlyssesSequenceParallel
 from accel_parallel._registry import StrategyRequest, register_strategy
 from accel_parallel._strategy import ProcessInfo, Strategy
 from accel_parallel.checkpoint import engine_tag
@@ -70,9 +72,12 @@ def normalize_plugins(plugins: Any) -> dict[str, DeepSpeedPlugin]:
 
 
 class DeepSpeedStrategy(Strategy):
-    """ZeRO stages 0-3 through `deepspeed.initialize`, one engine per prepared model."""
+    """ZeRO stages 0-3 through `deepspeed.initialize`, one engine per prepared model;
+    `sequence_parallel` (DeepSpeed's ALST / Ulysses) splits each sample's sequence over its
+    ranks."""
 
     name = "deepspeed"
+    sequence_parallel_backends = ("deepspeed",)
     sharded = True
     reshardable = True  # ZeRO partitions from another size load as a universal checkpoint
 
@@ -83,8 +88,10 @@ class DeepSpeedStrategy(Strategy):
         mixed_precision: str = "no",
         *,
         clip_norm: float | None = None,
+        sequence_parallel: UlyssesSequenceParallel | None = None,
     ) -> None:
         super().__init__(info, clip_norm=clip_norm)
+        self.sequence_parallel = sequence_parallel
         if importlib.util.find_spec("deepspeed") is None:
             raise ImportError(f"The DeepSpeed strategy needs deepspeed: `{INSTALL}`.")
         self.plugins = normalize_plugins(plugins)
@@ -206,10 +213,12 @@ class DeepSpeedStrategy(Strategy):
         original = optimizer
         if optimizer is not None and plugin.offload_optimizer_device != "none":
             optimizer = cpu_optimizer(optimizer, plugin)
+        sp = self.sequence_parallel
         config = fill_auto(
             plugin, model=model, optimizer=optimizer, scheduler=scheduler,
             micro_batch=self._micro_batch, accumulation_steps=self._accumulation_steps,
-            data_parallel_size=self.data_parallel_size, split_batches=self._split_batches,
+            data_parallel_size=self.data_parallel_size // (sp.sp_size if sp else 1),
+            split_batches=self._split_batches,
         )  # fmt: skip
         auto_clipped = "gradient_clipping" in plugin.filled
         if self.info.process_index == 0:
@@ -223,6 +232,8 @@ class DeepSpeedStrategy(Strategy):
             kwargs["optimizer"] = optimizer
         if isinstance(scheduler, DummyScheduler) and scheduler.lr_scheduler_callable is not None:
             kwargs["lr_scheduler"] = scheduler.lr_scheduler_callable
+        if sp is not None and optimizer is not None:  # the trained model shares its sequence
+            kwargs["mpu"] = sp.register(model, self._micro_batch)
         engine, _, _, engine_scheduler = deepspeed.initialize(**kwargs)
         if isinstance(scheduler, DummyScheduler):
             self._engine_schedulers[id(scheduler)] = engine_scheduler
@@ -258,6 +269,11 @@ class DeepSpeedStrategy(Strategy):
     def move_model(self, model: nn.Module) -> nn.Module:
         return model  # deepspeed.initialize places the model
 
+    def sequence_loader(self, loader: Any) -> Any:
+        if self.sequence_parallel is None:
+            return loader
+        return self.sequence_parallel.adapt_loader(loader, self.device)
+
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         return super().unwrap_model(_module(model))
 
@@ -276,6 +292,8 @@ class DeepSpeedStrategy(Strategy):
         """The engine's backward. The Accelerator has already divided the loss by the
         accumulation steps, so the engine does not divide it again."""
         engine = self._trained_engine("backward")
+        if self.sequence_parallel is not None:
+            self.sequence_parallel.check_training(engine.module)
         engine.set_gradient_accumulation_boundary(bool(self._sync()))
         kwargs.pop("scale_wrt_gas", None)  # the loss is divided once, by the Accelerator
         engine.backward(loss, scale_wrt_gas=False, **kwargs)
@@ -527,13 +545,26 @@ def _build(request: StrategyRequest) -> DeepSpeedStrategy:
     plugins = request.deepspeed_plugin
     if plugins is None:
         plugins = DeepSpeedPlugin.from_launch_config(request.launch_section("deepspeed_config"))
-    return DeepSpeedStrategy(request.info, plugins, mixed_precision=request.mixed_precision)
+    config = request.parallelism_config
+    sp = None
+    if config is not None and config.sp_enabled:
+        sp = UlyssesSequenceParallel(config.sp_size, config.sp_handler)
+    return DeepSpeedStrategy(
+        request.info, plugins, mixed_precision=request.mixed_precision, sequence_parallel=sp
+    )
 
 
 def _claims(request: StrategyRequest) -> int | None:
     if request.deepspeed_plugin is not None:
-        return 40
-    return 20 if request.launched_type == "DEEPSPEED" else None
+        strength = 40
+    elif request.launched_type == "DEEPSPEED":
+        strength = 20
+    else:
+        return None
+    config = request.parallelism_config
+    if config is not None and config.sp_enabled:
+        return 55  # above a device mesh: DeepSpeed makes the sequence-parallel groups
+    return strength
 
 
 register_strategy(DeepSpeedStrategy.name, _build, claims=_claims)

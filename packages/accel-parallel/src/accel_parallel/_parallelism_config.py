@@ -5,7 +5,7 @@ split into consecutive stages, run by a `torch.distributed.pipelining` schedule;
 `accel_parallel._pipeline`), ``dp_replicate`` (replicas of the whole
 model: HSDP's outer dimension, or DDP), ``dp_shard`` (FSDP2 shards parameters over it),
 ``cp`` (context parallel: the sequence is split over it), ``sp`` (DeepSpeed's sequence
-parallel: carried and validated, refused for training), ``tp`` (tensor parallel: each
+parallel, ALST / Ulysses: the DeepSpeed strategy makes its groups, no mesh is built), ``tp`` (tensor parallel: each
 weight is split over it). Only the dimensions larger than one are in the mesh; the flattened
 sub-meshes ``dp`` (dp_replicate x dp_shard), ``dp_shard_cp`` (what FSDP2 shards over) and
 ``dp_cp`` (what a loss is averaged over) are added when their dimensions exist.
@@ -34,6 +34,7 @@ ENV_CP_COMM_STRATEGY = "PARALLELISM_CONFIG_CP_COMM_STRATEGY"
 
 MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "sp", "tp")
 _SIZES = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "pp_size")
+_SP_OPTIONS = ("sp_seq_length", "sp_seq_length_is_variable", "sp_attn_implementation")
 # The fields a ParallelismConfig fills when left unset (None), with accel's defaults.
 _DEFAULTS = {"dp_replicate_size": 1, "dp_shard_size": 1, "tp_size": 1, "cp_size": 1,
              "cp_backend": "torch", "sp_size": 1, "sp_backend": "deepspeed", "pp_size": 1}  # fmt: skip
@@ -41,9 +42,7 @@ _CP_STRATEGIES = ("allgather", "alltoall")
 # Keys of the launch section (`parallelism_config:` in an accelerate config file, or the
 # --parallelism_config_* flags) that ask for something accel does not provide.
 _REFUSED_KEYS = {
-    "sp_size": (1, "sequence parallel (sp_size) is DeepSpeed-Ulysses; use cp_size for "
-                   "context parallel with torch"),
-    "sp_backend": ("deepspeed", "sequence parallel is DeepSpeed-Ulysses; use cp_size"),
+    "sp_backend": ("deepspeed", "sequence parallel is DeepSpeed's ALST / Ulysses: 'deepspeed'"),
     "cp_backend": ("torch", "context parallel runs on torch's ring attention only; use 'torch'"),
 }  # fmt: skip
 
@@ -120,8 +119,8 @@ class ParallelismConfig:
     ``"colwise"``, ``"rowwise"``, ``"sequence_parallel"``, ``"replicate"`` (and transformers'
     other names) or a torch ``ParallelStyle``. The fields are in accelerate's order, so
     positional arguments mean what they mean there. ``sp_size`` / ``sp_backend`` /
-    ``sp_handler`` (DeepSpeed's sequence parallel) are validated and carried; `resolved`
-    refuses ``sp_size > 1``, which accel does not train with.
+    ``sp_handler``: DeepSpeed's sequence parallel (ALST / Ulysses), run by the DeepSpeed
+    strategy, which makes its own process groups; it composes with data parallel only.
 
     Pipeline parallel (accel's addition, after accelerate's fields): ``pp_size`` stages of
     the model on as many ranks; ``pp_schedule`` one of torch's schedules (`PP_SCHEDULES`,
@@ -280,20 +279,30 @@ class ParallelismConfig:
     def resolved(self, world_size: int) -> ParallelismConfig:
         """This configuration for `world_size` processes: every size left at 1 on several
         processes means plain data parallel; otherwise the product must equal `world_size`.
-        Sequence parallel (``sp_size > 1``) is refused here, where a run would use it."""
+        Under sequence parallel the data-parallel sizes left at 1 become what the groups of
+        `sp_size` leave (DeepSpeed's data parallel over them)."""
         if self.sp_enabled:
-            raise ValueError(
-                f"ParallelismConfig(sp_size={self.sp_size}): sequence parallel is DeepSpeed's "
-                f"Ulysses/ALST, which accel does not train with. Use cp_size={self.sp_size} "
-                f"(torch context parallel) or sp_size=1."
-            )
+            if self.tp_size > 1 or self.pp_size > 1:
+                raise ValueError(
+                    f"ParallelismConfig(sp_size={self.sp_size}, tp_size={self.tp_size}, "
+                    f"pp_size={self.pp_size}): DeepSpeed's sequence parallel composes with data "
+                    f"parallel only; set tp_size=1 and pp_size=1, or sp_size=1."
+                )
+            if world_size % self.sp_size:
+                raise ValueError(
+                    f"ParallelismConfig(sp_size={self.sp_size}) does not divide the "
+                    f"{world_size} processes; pick an sp_size that divides {world_size}."
+                )
+            if self.data_parallel_size == 1 and world_size > self.sp_size:
+                return dataclasses.replace(self, dp_shard_size=world_size // self.sp_size)
         if self.total_size == 1 and world_size > 1:
             return dataclasses.replace(self, dp_replicate_size=world_size)
         if self.total_size != world_size:
             raise ValueError(
                 f"ParallelismConfig: pp_size x dp_replicate_size x dp_shard_size x tp_size x "
-                f"cp_size = {self.pp_size} x {self.dp_replicate_size} x {self.dp_shard_size} x "
-                f"{self.tp_size} x {self.cp_size} = {self.total_size}, but the run has "
+                f"cp_size x sp_size = {self.pp_size} x {self.dp_replicate_size} x "
+                f"{self.dp_shard_size} x {self.tp_size} x {self.cp_size} x {self.sp_size} = "
+                f"{self.total_size}, but the run has "
                 f"{world_size} processes. Pick sizes whose product is {world_size}, or launch {self.total_size} processes."
             )
         return self
@@ -396,16 +405,15 @@ class ParallelismConfig:
 
     @classmethod
     def _from_values(cls, values: Mapping[str, Any], where: str) -> ParallelismConfig | None:
-        known = {*_SIZES, "cp_comm_strategy"}
+        known = {*_SIZES, "sp_size", "cp_comm_strategy", *_SP_OPTIONS}
         for key, (inert, why) in _REFUSED_KEYS.items():
             if key in values and str(values[key]).lower() != str(inert).lower():
                 raise ValueError(f"{where}: {key}={values[key]!r}: {why}.")
-        unknown = sorted(set(values) - known - set(_REFUSED_KEYS) - {"sp_seq_length",
-                         "sp_seq_length_is_variable", "sp_attn_implementation"})  # fmt: skip
+        unknown = sorted(set(values) - known - set(_REFUSED_KEYS))
         if unknown:
             raise ValueError(f"{where}: unknown keys {unknown}; accepted: {sorted(known)}.")
         sizes: dict[str, int] = {}
-        for name in _SIZES:
+        for name in (*_SIZES, "sp_size"):
             if name in values:
                 try:
                     sizes[name] = int(values[name])
@@ -419,11 +427,29 @@ class ParallelismConfig:
         handler = TorchContextParallelConfig(cp_comm_strategy=str(cp)) if cp else None
         if handler is not None and sizes.get("cp_size", 1) == 1:
             handler = None
-        return cls(**sizes, cp_handler=handler)
+        sp_handler = _sp_handler(values, where) if sizes.get("sp_size", 1) > 1 else None
+        return cls(**sizes, cp_handler=handler, sp_handler=sp_handler)
+
+
+def _sp_handler(values: Mapping[str, Any], where: str) -> DeepSpeedSequenceParallelConfig:
+    """The sequence-parallel options of a launch (accelerate writes "None" for unset ones)."""
+    given = {k: values[k] for k in _SP_OPTIONS if str(values.get(k, "None")) != "None"}
+    if "sp_seq_length" in given:
+        try:
+            given["sp_seq_length"] = int(given["sp_seq_length"])
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"{where}: sp_seq_length={given['sp_seq_length']!r} is not a whole number."
+            ) from None
+    if "sp_seq_length_is_variable" in given:
+        given["sp_seq_length_is_variable"] = str(given["sp_seq_length_is_variable"]).lower() in (
+            "1", "true", "yes"
+        )  # fmt: skip
+    return DeepSpeedSequenceParallelConfig(**given)
 
 
 def _sizes(config: ParallelismConfig) -> tuple[int, ...]:
-    return tuple(getattr(config, n) for n in _SIZES)
+    return tuple(getattr(config, n) for n in (*_SIZES, "sp_size"))
 
 
 def resolve_parallelism_config(

@@ -192,4 +192,18 @@ def resolve_strategy(
         fault_tolerance=fault_tolerance,
     )
     name = strategy if strategy is not None else claimed_strategy(request)
-    return ResolvedEngine(build_strategy(name, request), config)
+    built = build_strategy(name, request)
+    if config is not None and config.sp_enabled:
+        _check_sequence_parallel(built, config)
+    return ResolvedEngine(built, config)
+
+
+def _check_sequence_parallel(strategy: Strategy, config: Any) -> None:
+    if config.sp_backend not in strategy.sequence_parallel_backends:
+        raise ValueError(
+            f"ParallelismConfig(sp_size={config.sp_size}, sp_backend={config.sp_backend!r}) is "
+            f"DeepSpeed's sequence parallel (ALST / Ulysses), which runs under DeepSpeed; this "
+            f"run's strategy is {strategy.name!r}. Pass deepspeed_plugin=DeepSpeedPlugin(...) "
+            f"(or `accel launch --use_deepspeed`), or use cp_size={config.sp_size} for torch's "
+            f"context parallel."
+        )

@@ -69,6 +69,7 @@ class Strategy:
     sharded = False  # parameters are sharded: fp16 needs a scaler that agrees across ranks
     reshardable = False  # its checkpoints load on a different number of processes
     engine_precision: str | None = None  # the engine casts and scales itself in this mode
+    sequence_parallel_backends: tuple[str, ...] = ()  # the ParallelismConfig.sp_backend it runs
 
     def __init__(self, info: ProcessInfo, *, clip_norm: float | None = None) -> None:
         self.info = info
@@ -209,6 +210,11 @@ class Strategy:
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         return model
+
+    def sequence_loader(self, loader: Any) -> Any:
+        """`loader` as the model prepared in the same call reads it: split along the sequence
+        where the strategy runs sequence parallel (DeepSpeed's Ulysses), else `loader`."""
+        return loader
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         """The user's module under any wrapper this strategy added (or torch.compile's)."""

@@ -58,6 +58,12 @@ class MeshMixin:
     def should_save_model(self) -> bool:
         return True
 
+    def deepspeed_ulysses_dl_adapter(self, dl: Any, model: Any = None) -> Any:
+        """`dl`, prepared in another call than the model, split along the sequence as
+        `prepare` splits the loaders it prepares with the model under DeepSpeed's sequence
+        parallel (``sp_size > 1``); `dl` itself otherwise."""
+        return self.strategy.sequence_loader(dl)
+
     def maybe_context_parallel(
         self,
         buffers: list[torch.Tensor] | None = None,

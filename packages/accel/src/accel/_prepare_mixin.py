@@ -61,6 +61,8 @@ class PrepareMixin:
                 result[i] = self._prepare_scheduler(obj)
             elif isinstance(obj, torch.utils.data.DataLoader):
                 result[i] = self._prepare_dataloader(obj, placement[i])
+                if models:  # read by the model of this call (DeepSpeed's sequence parallel)
+                    result[i] = self.strategy.sequence_loader(result[i])
         _mark_prepared(
             result, (self._models, self._optimizers, self._schedulers, self._dataloaders)
         )
