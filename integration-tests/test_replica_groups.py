@@ -223,3 +223,44 @@ def test_a_killed_group_leaves_the_other_training_and_heals_from_it(tmp_path: Pa
                 torch.as_tensor(value), torch.as_tensor(b["optimizer"]["state"][i][name])
             ), (i, name)
     assert a["scheduler"] == b["scheduler"]
+
+
+def test_diloco_outer_step_equals_the_hand_computation(tmp_path: Path) -> None:
+    out, syncs, every = tmp_path / "diloco", 2, 2
+    out.mkdir()
+    extra = ("--ft_semi_sync", "diloco", "--ft_sync_every", every)
+    with _lighthouse(tmp_path, 2) as address:
+        procs = [
+            _group(tmp_path, address, g, 2, out, syncs, extra=extra, minimum=2) for g in (0, 1)
+        ]
+        _finish(procs, out)
+    records = [_records(out, g) for g in (0, 1)]
+    finals = [_final(out, g) for g in (0, 1)]
+    assert [len(r) for r in records] == [syncs * every] * 2
+    # by hand: each group's inner SGD on its own batches; every `every` steps the
+    # pseudo-gradient (last outer weights - local weights) averaged over the groups, and
+    # Nesterov SGD (lr 0.7, momentum 0.9) on it from the last outer weights
+    models = [_model() for _ in (0, 1)]
+    for m in models:
+        m.load_state_dict(finals[0]["start"])
+    inner = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in models]
+    outer = {k: v.clone() for k, v in finals[0]["start"].items()}
+    momentum: dict[str, torch.Tensor] = {}
+    for sync in range(syncs):
+        for step in range(sync * every, (sync + 1) * every):
+            for g in (0, 1):
+                x, y = _samples(records[g][step]["ids"])
+                nn.functional.mse_loss(models[g](x), y).backward()
+                inner[g].step()
+                inner[g].zero_grad()
+        local = [m.state_dict() for m in models]
+        for key in outer:
+            pseudo = ((outer[key] - local[0][key]) + (outer[key] - local[1][key])) / 2
+            buf = momentum[key] = pseudo if key not in momentum else 0.9 * momentum[key] + pseudo
+            outer[key] = outer[key] - 0.7 * (pseudo + 0.9 * buf)
+        for m in models:
+            m.load_state_dict(outer)
+        for g in (0, 1):  # float32: the same operations, another order of two additions
+            got = finals[g]["trajectory"][(sync + 1) * every - 1]
+            for key, want in outer.items():
+                torch.testing.assert_close(got[key], want, rtol=1e-5, atol=1e-6)

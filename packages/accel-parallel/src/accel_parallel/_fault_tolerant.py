@@ -151,6 +151,7 @@ class FaultTolerantStrategy(DDPStrategy):
                 store_port=int(port),
                 lighthouse_addr=self.lighthouse,
                 replica_id=f"{_REPLICA_PREFIX}{self.plugin.replica_group_id}",
+                init_sync=self.plugin.semi_sync is None,
             )
         except Exception as err:
             raise RuntimeError(
@@ -190,14 +191,14 @@ class FaultTolerantStrategy(DDPStrategy):
 
     def _start(self) -> None:
         """The first quorum (every group from one state: torchft heals the others from the
-        first group at step 0, or a rejoining group from a peer), then the semi-synchronous
-        wrapper over the common weights."""
+        first group at step 0, or a rejoining group from a peer); semi-synchronous: the
+        wrapper, whose first sync takes the first quorum."""
         if self._started:
             return
         self._started = True
-        self._open_quorum()
-        if self.plugin.semi_sync is not None:
-            self._quorum_open = False
+        if self.plugin.semi_sync is None:
+            self._open_quorum()
+        else:  # groups start from one seed; its first sync heals only a rejoining group
             self._semi_sync = self._make_semi_sync()
 
     def _open_quorum(self) -> None:
