@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+import torch
+
 from accel_state import detect_launch
 from accel_state._store import restart_prefix
 from accel_state.testing import run_distributed
@@ -31,6 +34,8 @@ def _sum_of_ranks() -> tuple[int, list[str]]:
     dist.all_reduce(total)
     # rank 0 hosts the store (no agent here)
     client = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), is_master=False)
+    if not hasattr(client, "list_keys"):  # older torch (2.9): a store cannot list its keys
+        return int(total.item()), None
     return int(total.item()), sorted(client.list_keys())
 
 
@@ -41,4 +46,9 @@ def test_without_the_agent_store_a_restarted_attempt_uses_no_prefix() -> None:
     results = run_distributed(_sum_of_ranks, world_size=2, env={"TORCHELASTIC_RESTART_COUNT": "3"})
     assert [r[0] for r in results] == [3, 3]
     keys = results[0][1]
+    if keys is None:
+        pytest.skip(
+            f"the keys' names are read with TCPStore.list_keys, which torch {torch.__version__} "
+            f"lacks (the sum above ran)"
+        )
     assert keys and not any(k.startswith(restart_prefix(3)) for k in keys), keys

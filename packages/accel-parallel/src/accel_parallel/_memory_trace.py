@@ -206,8 +206,12 @@ def fake_process_group(world_size: int) -> Iterator[None]:
     """A fake default process group of `world_size` (rank 0) for the duration; refused when a
     real one is already set up (the estimate then runs in a fresh process)."""
     import torch.distributed as dist
-    import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers "fake")
-    from torch._C._distributed_c10d import FakeStore
+    import torch.testing._internal.distributed.fake_pg as fake_pg  # registers "fake"
+
+    try:
+        from torch._C._distributed_c10d import FakeStore
+    except ImportError:  # torch 2.9 has it in Python, beside the fake backend
+        FakeStore = fake_pg.FakeStore
 
     if dist.is_initialized():
         raise RuntimeError(
