@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -22,13 +23,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from accel_testkit.launch import LAUNCHER_VARS, accel_command, worker_env
+from accel_testkit.launch import LAUNCHER_VARS, accel_command, launch_command, worker_env
 from accel_testkit.netns import Hosts, make_hosts
 from accel_testkit.tolerance import assert_same_training, float32_error, norm_terms
 
 HERE = Path(__file__).resolve().parent
 TRAIN = HERE / "_multihost_train.py"
 HANG = HERE / "_multihost_hang.py"
+SLURM_CLUSTER = HERE.parent / "tools" / "slurm" / "cluster.sh"
 PORT = 29500
 TIMEOUT = 180
 PREFLIGHT_EXIT_CODE = 78  # accel_cli._preflight.PREFLIGHT_EXIT_CODE
@@ -160,8 +162,8 @@ def test_preflight_names_a_machine_rank_given_twice(hosts: Hosts, tmp_path: Path
 
 def test_preflight_names_a_held_port_on_both_sides(hosts: Hosts, tmp_path: Path) -> None:
     holder = subprocess.Popen(hosts.command(0, [sys.executable, "-c", (
-        "import socket,time;s=socket.socket();s.bind(('0.0.0.0',%d));s.listen();"
-        "print('held',flush=True);time.sleep(120)" % PORT
+        f"import socket,time;s=socket.socket();s.bind(('0.0.0.0',{PORT}));s.listen();"
+        "print('held',flush=True);time.sleep(120)"
     )]), stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
         assert holder.stdout.readline().strip() == "held"
@@ -360,6 +362,98 @@ def test_elastic_run_survives_a_cut_link_and_takes_the_host_back(
     assert resumes(elastic) == planned == resumes(reference), plain._starts(elastic)
     expected = plain.load_file(reference / "final" / "model.safetensors")
     got = plain.load_file(elastic / "final" / "model.safetensors")
+    assert expected.keys() == got.keys() and expected
+    for name, value in expected.items():
+        assert torch.equal(got[name], value), name
+
+
+# -- SLURM: one slurmd per namespaced host --------------------------------------------------------
+@pytest.fixture(scope="module")
+def slurm_hosts(hosts: Hosts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """A SLURM cluster whose two nodes are hosts 0 and 1 (tools/slurm/cluster.sh with
+    ACCEL_SLURM_NETNS); the client commands run on host 0, where the controller is, through
+    wrappers first on PATH (the job scripts' own `scontrol requeue` included)."""
+    missing = [d for d in ("slurmctld", "slurmd", "munged", "nsenter") if shutil.which(d) is None]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not installed (tools/slurm/cluster.sh start installs "
+                    f"slurm-wlm and munge with apt; .ci/run runs it)")  # fmt: skip
+    folder = tmp_path_factory.mktemp("slurm-netns")
+    cluster = {"ACCEL_SLURM_NETNS": hosts.name, "ACCEL_SLURM_DIR": str(folder / "cluster")}
+    base = _env(folder)
+    done = subprocess.run(["bash", str(SLURM_CLUSTER), "start"], env={**base, **cluster},
+                          capture_output=True, text=True, timeout=180)  # fmt: skip
+    if done.returncode != 0:
+        pytest.fail(f"cluster.sh start with ACCEL_SLURM_NETNS failed:\n{done.stderr[-3000:]}")
+    wrappers = folder / "bin"
+    wrappers.mkdir()
+    for name in ("sbatch", "squeue", "scontrol", "scancel", "sinfo"):
+        path = wrappers / name
+        path.write_text(f'#!/bin/sh\nexec nsenter --net=/var/run/netns/{hosts.name}-h0 '
+                        f'{shutil.which(name)} "$@"\n')  # fmt: skip
+        path.chmod(0o755)
+    conf = str(folder / "cluster" / "slurm.conf")
+    try:
+        yield {**base, "SLURM_CONF": conf, "PATH": f"{wrappers}:{base['PATH']}", "out": folder}
+    finally:
+        subprocess.run(["bash", str(SLURM_CLUSTER), "stop"], env={**base, **cluster},
+                       capture_output=True, timeout=120)  # fmt: skip
+
+
+def test_slurm_job_on_two_namespaced_hosts_trains_and_requeues(slurm_hosts: dict) -> None:
+    """sbatch -N2: `srun accel launch` with no machine flags takes the rendezvous to the first
+    node of the job's node list (10.213.0.10) and the interface to it, and trains equal to one
+    process; the README's requeue recipe stopped by USR1 resumes on both nodes to the weights
+    of a run that was never stopped."""
+    sys.path.insert(0, str(HERE))
+    try:
+        import _multihost_train as train
+        import test_slurm as slurm
+    finally:
+        sys.path.remove(str(HERE))
+    env = {k: v for k, v in slurm_hosts.items() if k != "out"}
+    out: Path = slurm_hosts["out"]
+    two = "-N2 --ntasks-per-node=1"
+    launch = accel_command("launch", "--cpu", "--num_processes", "2")
+    jobs = {"train": slurm._sbatch(env, out, "train", two, [
+        slurm._record("train", slurm._srun(two, [*launch, str(TRAIN), "ddp", str(out / "state.pt")])),
+    ])}  # fmt: skip
+    project = out / "usr1"
+    project.mkdir()
+    jobs["usr1"] = slurm._sbatch(env, out, "usr1", f"{two} --requeue", [
+        slurm._srun(two, [*launch, *map(str, (slurm.WORKER, "train", project, "--wait_at",
+                                               slurm.WAIT_AT))]),
+        f'rc=$?; echo $rc > "{project}/exit_${{SLURM_RESTART_COUNT:-0}}"',
+        'if [ $rc -eq 75 ]; then scontrol requeue "$SLURM_JOB_ID"; fi',
+    ])  # fmt: skip
+    local = {k: v for k, v in env.items() if k != "SLURM_CONF"}
+    with open(out / "reference.log", "w") as log:
+        reference = subprocess.Popen(launch_command(slurm.WORKER, "train", out / "reference"),
+                                     env=local, stdout=log, stderr=log)  # fmt: skip
+    try:
+        ready = project / "ready"
+        waiting = lambda: slurm._ready_or_over(env, jobs["usr1"], ready)  # noqa: E731
+        slurm._wait_for(waiting, "the usr1 job's workers", env, list(jobs.values()))
+        assert ready.exists(), slurm._output(out, "usr1")
+        subprocess.run(["scancel", "--signal=USR1", jobs["usr1"]], env=env, check=True, timeout=60)
+        slurm._done(env, list(jobs.values()))
+        reference.wait(timeout=TIMEOUT)
+    finally:
+        if reference.poll() is None:
+            reference.kill()
+            reference.wait()
+    text = slurm._output(out, "train")
+    assert (out / "train.rc").read_text().strip() == "0", text
+    assert "(vm, 10.213.0.10)" in text and "talking over eth1" in text, text
+    saved = torch.load(out / "state.pt")
+    assert saved["world"] == 2 and saved["gloo"] == "eth1"
+    net = train.make_net()
+    error = float32_error(3, train.GLOBAL_BATCH, norm_terms(list(net.parameters())))
+    assert_same_training(saved["state"], train.reference(), net.state_dict(), train.STEPS * error)
+    usr1 = slurm._output(out, "usr1")
+    assert (project / "exit_0").read_text().strip() == "75", usr1
+    assert (project / "exit_1").read_text().strip() == "0", usr1
+    expected = slurm.load_file(out / "reference" / "final" / "model.safetensors")
+    got = slurm.load_file(project / "final" / "model.safetensors")
     assert expected.keys() == got.keys() and expected
     for name, value in expected.items():
         assert torch.equal(got[name], value), name

@@ -16,6 +16,12 @@
 # The nodes are named 127.0.0.1 and 127.0.0.2: node names must resolve for a rendezvous on
 # the first host of SLURM_JOB_NODELIST (as on a real cluster), these do without touching
 # /etc/hosts, and SLURM gives `localhost` a meaning of its own (this host's name).
+#
+# ACCEL_SLURM_NETNS=NAME: the nodes are separate network hosts instead, the first two hosts
+# that `tools/netns/hosts.sh up NAME N` made: each slurmd runs in its host's namespace, named
+# by that host's cluster address (10.213.0.10, 10.213.0.11), and the controller runs on the
+# first one. Clients must run there too: `ip netns exec NAME-h0 sbatch ...` (the env file
+# says so in ACCEL_SLURM_CLIENT_NETNS).
 set -euo pipefail
 
 DIR="${ACCEL_SLURM_DIR:-/tmp/accel-slurm}"
@@ -48,13 +54,31 @@ alive() { # pid file -> 0 when its process runs
   [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null
 }
 
-NODES="127.0.0.1 127.0.0.2"
+NETNS="${ACCEL_SLURM_NETNS:-}"
+if [ -n "$NETNS" ]; then
+  NODES="10.213.0.10 10.213.0.11"
+  CONTROLLER=10.213.0.10
+  # nsenter switches the network namespace alone: `ip netns exec` also mounts a fresh /sys,
+  # without the cgroup file system that slurmd needs
+  ON_CONTROLLER=(nsenter "--net=/var/run/netns/$NETNS-h0")
+else
+  NODES="127.0.0.1 127.0.0.2"
+  CONTROLLER=127.0.0.1
+  ON_CONTROLLER=()
+fi
+
+on_node() { # node name -> the command prefix that runs on it
+  if [ -n "$NETNS" ]; then
+    echo "nsenter --net=/var/run/netns/$NETNS-h$((${1##*.} - 10))"
+  fi
+}
 
 write_config() {
-  local n1="$1" n2="$2"
+  local n1="$1" n2="$2" a1="$1" a2="$2"
+  [ -n "$NETNS" ] || a1=127.0.0.1 a2=127.0.0.1
   cat >"$DIR/slurm.conf" <<EOF
 ClusterName=accel
-SlurmctldHost=localhost(127.0.0.1)
+SlurmctldHost=localhost($CONTROLLER)
 SlurmctldPort=$PORT
 SlurmUser=root
 SlurmdUser=root
@@ -91,11 +115,12 @@ KillWait=30
 MinJobAge=300
 InactiveLimit=0
 Waittime=0
-NodeName=$n1 NodeAddr=127.0.0.1 Port=$((PORT + 1)) CPUs=$CPUS_PER_NODE State=UNKNOWN
-NodeName=$n2 NodeAddr=127.0.0.1 Port=$((PORT + 2)) CPUs=$CPUS_PER_NODE State=UNKNOWN
+NodeName=$n1 NodeAddr=$a1 Port=$((PORT + 1)) CPUs=$CPUS_PER_NODE State=UNKNOWN
+NodeName=$n2 NodeAddr=$a2 Port=$((PORT + 2)) CPUs=$CPUS_PER_NODE State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 EOF
   printf 'export SLURM_CONF=%s\n' "$DIR/slurm.conf" >"$DIR/env"
+  [ -z "$NETNS" ] || printf 'export ACCEL_SLURM_CLIENT_NETNS=%s\n' "$NETNS-h0" >>"$DIR/env"
 }
 
 start_munge() {
@@ -113,7 +138,8 @@ start_munge() {
 wait_idle() { # until every node answers (idle, or running jobs already)
   local states=""
   for _ in $(seq 1 150); do
-    states="$(SLURM_CONF="$DIR/slurm.conf" sinfo -h -N -o '%t' 2>/dev/null | sort -u | xargs)"
+    states="$(SLURM_CONF="$DIR/slurm.conf" "${ON_CONTROLLER[@]}" sinfo -h -N -o '%t' 2>/dev/null |
+      sort -u | xargs)"
     if [ -n "$states" ] && ! tr ' ' '\n' <<<"$states" | grep -qvE '^(idle|mix|alloc)$'; then
       return 0
     fi
@@ -127,7 +153,7 @@ start() {
   chmod 0700 "$DIR/munge"
   install_packages
   if [ -s "$DIR/env" ] && alive "$DIR/run/slurmctld.pid" &&
-    SLURM_CONF="$DIR/slurm.conf" sinfo -h >/dev/null 2>&1; then
+    SLURM_CONF="$DIR/slurm.conf" "${ON_CONTROLLER[@]}" sinfo -h >/dev/null 2>&1; then
     cat "$DIR/env"
     return 0
   fi
@@ -137,11 +163,13 @@ start() {
   start_munge
   export SLURM_CONF="$DIR/slurm.conf"
   # -i: recover nothing from an earlier run's state (its jobs and node states are stale)
-  slurmctld -i || die "slurmctld did not start; see $DIR/log/slurmctld.log"
+  "${ON_CONTROLLER[@]}" slurmctld -i || die "slurmctld did not start; see $DIR/log/slurmctld.log"
   local node
   for node in $NODES; do
     mkdir -p "$DIR/spool/$node"
-    slurmd -N "$node" || die "slurmd -N $node did not start; see $DIR/log/slurmd-$node.log"
+    # shellcheck disable=SC2046
+    $(on_node "$node") slurmd -N "$node" ||
+      die "slurmd -N $node did not start; see $DIR/log/slurmd-$node.log"
   done
   wait_idle
   cat "$DIR/env"
@@ -150,8 +178,10 @@ start() {
 stop() {
   local pidfile pid jobs
   if alive "$DIR/run/slurmctld.pid"; then # end the jobs first, so no task outlives its slurmd
-    jobs="$(SLURM_CONF="$DIR/slurm.conf" timeout 10 squeue -h -o %A 2>/dev/null | xargs)" || true
-    [ -z "$jobs" ] || SLURM_CONF="$DIR/slurm.conf" timeout 10 scancel $jobs 2>/dev/null || true
+    jobs="$(SLURM_CONF="$DIR/slurm.conf" "${ON_CONTROLLER[@]}" timeout 10 squeue -h -o %A \
+      2>/dev/null | xargs)" || true
+    [ -z "$jobs" ] || SLURM_CONF="$DIR/slurm.conf" "${ON_CONTROLLER[@]}" timeout 10 scancel $jobs \
+      2>/dev/null || true
   fi
   for pidfile in "$DIR"/run/slurmd-*.pid "$DIR/run/slurmctld.pid" "$DIR/run/munged.pid"; do
     [ -s "$pidfile" ] || continue
@@ -171,7 +201,7 @@ stop() {
 
 status() {
   [ -s "$DIR/env" ] || die "no cluster in $DIR (run: $0 start)"
-  SLURM_CONF="$DIR/slurm.conf" sinfo
+  SLURM_CONF="$DIR/slurm.conf" "${ON_CONTROLLER[@]}" sinfo
 }
 
 case "${1:-}" in

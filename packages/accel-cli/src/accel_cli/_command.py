@@ -52,18 +52,21 @@ def free_port(host: str = LOOPBACK) -> int:
         return int(sock.getsockname()[1])
 
 
-def with_rendezvous(config: LaunchConfig) -> LaunchConfig:
+def with_rendezvous(config: LaunchConfig, machines_port: int | None = None) -> LaunchConfig:
     """Fill in the rendezvous address and port where the user left them open.
 
     One machine: loopback and a free port, so concurrent launches do not collide. Several:
-    the port every machine agrees on by default (the address is required).
+    the port every machine agrees on by default (the address is required): `machines_port`
+    when given (one derived from a SLURM job), else 29500.
     """
     if not config.distributed:
         return config
     ip = config.main_process_ip or LOOPBACK
     port = config.main_process_port
-    if port is None:
-        port = free_port() if config.num_machines == 1 else DEFAULT_MAIN_PROCESS_PORT
+    if port is None and config.num_machines == 1:
+        port = free_port()
+    elif port is None:
+        port = machines_port or DEFAULT_MAIN_PROCESS_PORT
     return dataclasses.replace(config, main_process_ip=ip, main_process_port=port)
 
 

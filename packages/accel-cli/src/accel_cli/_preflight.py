@@ -150,7 +150,14 @@ def verdict(
         by_rank.setdefault(int(facts["machine_rank"]), []).append(facts)
     if ranked:
         for rank, claims in sorted(by_rank.items()):
-            if len(claims) > 1:
+            if len(claims) > 1 and len({f["address"] for f in claims}) == 1:
+                problems.append(Problem(
+                    f"machine_rank {rank}",
+                    f"claimed by {len(claims)} launches on one host ({claims[0]['address']}): "
+                    f"two runs share main_process_port {config.main_process_port} on "
+                    f"{config.main_process_ip}. Give each run its own --main_process_port.",
+                ))  # fmt: skip
+            elif len(claims) > 1:
                 where = ", ".join(f"{f['hostname']} at {f['address']}" for f in claims)
                 problems.append(
                     Problem(

@@ -145,6 +145,24 @@ def _first_set(environ: Mapping[str, str], *names: str) -> tuple[str, str | None
     return names[0], None
 
 
+# The main port of a multi-node srun step whose port no flag or file gives: one per job and
+# step, so that two runs sharing nodes (jobs with OverSubscribe, two steps of one job) do not
+# meet on 29500. Below Linux's ephemeral range (32768 and up), which clients take from.
+SLURM_PORT_BASE, SLURM_PORT_SPAN = 15000, 10000
+
+
+def slurm_default_port(environ: Mapping[str, str]) -> int | None:
+    """The main port for a launch in an srun step over several nodes (None elsewhere)."""
+    if not slurm_launch_values(environ, which=lambda _: None):
+        return None
+    try:
+        job = int(environ[ENV_SLURM_JOB_ID])
+        step = int(environ.get(ENV_SLURM_STEP_ID) or environ.get(ENV_SLURM_STEPID) or 0)
+    except ValueError:
+        return None
+    return SLURM_PORT_BASE + (job * 31 + step) % SLURM_PORT_SPAN
+
+
 def slurm_launch_values(
     environ: Mapping[str, str],
     which: Callable[[str], str | None] = shutil.which,

@@ -61,6 +61,7 @@ from accel_cli._resolve import (
 )
 from accel_cli._run import run_child
 from accel_cli._sections import with_flag_sections
+from accel_cli._slurm import slurm_default_port
 
 NAME = "launch"
 HELP = "Run a training script on one or many processes and machines."
@@ -98,7 +99,9 @@ def run(args: argparse.Namespace) -> int:
     resolution = resolve_launch_config(flags, file, slurm_values(flags))
     check_launch(resolution.config, given, file)
     report(file, resolution, args.quiet)
-    config = with_rendezvous(with_flag_sections(resolution.config, given))
+    config = with_rendezvous(
+        with_flag_sections(resolution.config, given), slurm_default_port(os.environ)
+    )
     if not args.module and not config.no_python and not Path(args.training_script).is_file():
         raise ConfigError(
             f"The script {args.training_script!r} does not exist (pass -m to run a module)."
