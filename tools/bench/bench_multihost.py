@@ -120,7 +120,8 @@ def launcher(kind: str, hosts: Hosts, rank: int, port: int, nproc: int = 2,
 
 def start(hosts: Hosts, host: int, argv: list[str], e: dict[str, str], log: Path):
     out = log.open("w")
-    return subprocess.Popen(hosts.command(host, argv), env=e, stdout=out, stderr=subprocess.STDOUT)
+    return subprocess.Popen(hosts.command(host, argv), env=e, stdout=out,
+                            stderr=subprocess.STDOUT, cwd=log.parent)  # fmt: skip
 
 
 def bench_step(hosts: Hosts, tmp: Path, steps: int, width: int) -> None:
@@ -208,6 +209,8 @@ def bench_mistakes(hosts: Hosts, tmp: Path, cap: float) -> None:
             what = (f"hangs (> {cap:.0f} s)" if hung else f"{elapsed:5.1f} s, exit {codes}") + (
                 ", training started" if trained else "")  # fmt: skip
             row.append(f"{kind} {what}")
+            if kind == "accel" and set(codes) != {78}:
+                print(f"  (accel's logs for {name!r}:)\n" + "\n".join(t[-1500:] for t in logs))
         print(f"  {name:28s} " + " | ".join(row))
 
 
