@@ -26,11 +26,6 @@ SAGEMAKER = (
     "Amazon SageMaker is not provided by accel: `accel launch` runs on this machine; submit "
     "SageMaker jobs with `accelerate launch` or the SageMaker Python SDK"
 )
-SEQUENCE_PARALLEL = (
-    "sequence parallel (parallelism_config_sp_*) is DeepSpeed-Ulysses, which accel does not "
-    "run; split long sequences with --parallelism_config_cp_size (torch's context parallel, "
-    "CUDA only)"
-)
 MSAMP = (
     "MS-AMP is not supported by accel-precision; use --fp8_backend te (TransformerEngine) or "
     "ao (torchao)"
@@ -329,13 +324,12 @@ _PARALLELISM = (
        "attention."),
     _f("parallelism_config_cp_comm_strategy", "allgather", choices=("allgather", "alltoall"),
        help="How the ring attention exchanges keys and values."),
-    _f("parallelism_config_sp_size", 1, int, refused=SEQUENCE_PARALLEL),
-    _f("parallelism_config_sp_backend", "deepspeed", choices=("deepspeed",),
-       refused=SEQUENCE_PARALLEL),
-    _f("parallelism_config_sp_seq_length", refused=SEQUENCE_PARALLEL),
-    _f("parallelism_config_sp_seq_length_is_variable", True, loose_bool,
-       refused=SEQUENCE_PARALLEL),
-    _f("parallelism_config_sp_attn_implementation", "sdpa", refused=SEQUENCE_PARALLEL),
+    _f("parallelism_config_sp_size", 1, int, help="DeepSpeed's sequence parallel (ALST / "
+       "Ulysses, with --use_deepspeed): how many processes share each sequence."),
+    _f("parallelism_config_sp_backend", "deepspeed", choices=("deepspeed",)),
+    _f("parallelism_config_sp_seq_length", help="The one sequence length of every batch."),
+    _f("parallelism_config_sp_seq_length_is_variable", True, loose_bool),
+    _f("parallelism_config_sp_attn_implementation", "sdpa"),
 )  # fmt: skip
 SECTION_KEYS.update({
     f.name: ("parallelism_config", f.name)
@@ -365,13 +359,13 @@ FLAGS: tuple[Flag, ...] = (
     *_FP8,
     *_TORCHRUN,
     *_OTHER,
+    *_FT,
     *_TPU,
     *_SAGEMAKER,
     *_DEEPSPEED,
     *_FSDP,
     *_MEGATRON,
     *_PARALLELISM,
-    *_FT,
 )
 BY_NAME: dict[str, Flag] = {f.name: f for f in FLAGS}
 
@@ -380,13 +374,13 @@ _GROUPS = (
     ("fp8 (with --mixed_precision fp8)", _FP8),
     ("torchrun", _TORCHRUN),
     ("other", _OTHER),
+    ("fault tolerance across replica groups (torchft; accel-parallel[ft])", _FT),
     ("refused: TPU", _TPU),
     ("refused: SageMaker", _SAGEMAKER),
     ("DeepSpeed ZeRO (with --use_deepspeed, or distributed_type: DEEPSPEED)", _DEEPSPEED),
     ("FSDP2 (with --use_fsdp, or distributed_type: FSDP in the file)", _FSDP),
     ("Megatron-LM plugin (with --use_megatron_lm): mapped onto accel's mesh", _MEGATRON),
     ("ParallelismConfig: one device mesh (parallelism_config)", _PARALLELISM),
-    ("fault tolerance across replica groups (torchft; accel-parallel[ft])", _FT),
 )
 
 

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from accel_state._ring import recorded
+from accel_state._record import recorded
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from accel_state._ring import recorded
+from accel_state._record import recorded
 
 
 def is_torch_tensor(value: Any) -> bool:
