@@ -3,6 +3,7 @@
     uv run --frozen --group bench python tools/bench/bench_accelerator.py [--steps N]
         [--medium-steps N] [--rounds R] [--warmup W] [--threads T] [--no-ddp]
         [--width W] [--layers L] [--clock wall|cpu] [--profile raw|accel|accelerate]
+        [--accumulation K]
 
 One training step, written as users write it, for three variants on the same data:
 
@@ -11,6 +12,9 @@ One training step, written as users write it, for three variants on the same dat
 - accel:      ``with acc.accumulate(model): ...; acc.backward(loss); opt.step(); opt.zero_grad()``
   on what ``accel.Accelerator.prepare`` returned;
 - accelerate: the same loop with ``accelerate.Accelerator`` (when importable).
+
+With ``--accumulation K`` the accelerators are made with ``gradient_accumulation_steps=K`` and
+raw divides each loss by K and steps the optimizer on every K-th batch (and zeroes it then).
 
 The batches are pre-made CPU tensors (the same list for every variant; no DataLoader), so the
 figures are the cost of the step itself: tools/bench/bench_data.py measures the loaders.
@@ -78,7 +82,7 @@ def make_optimizer(model: nn.Module) -> torch.optim.Optimizer:
 Loop = Callable[[list[tuple[torch.Tensor, ...]]], None]
 
 
-def raw_loop(model: nn.Module, opt: torch.optim.Optimizer) -> Loop:
+def raw_loop(model: nn.Module, opt: torch.optim.Optimizer, accumulation: int = 1) -> Loop:
     loss_fn = nn.functional.cross_entropy
 
     def run(batches: list[tuple[torch.Tensor, ...]]) -> None:
@@ -88,7 +92,15 @@ def raw_loop(model: nn.Module, opt: torch.optim.Optimizer) -> Loop:
             opt.step()
             opt.zero_grad()
 
-    return run
+    def run_accumulating(batches: list[tuple[torch.Tensor, ...]]) -> None:
+        for i, (x, y) in enumerate(batches, 1):
+            loss = loss_fn(model(x), y) / accumulation
+            loss.backward()
+            if i % accumulation == 0:
+                opt.step()
+                opt.zero_grad()
+
+    return run if accumulation == 1 else run_accumulating
 
 
 def accelerator_loop(acc: Any, model: nn.Module, opt: Any) -> Loop:
@@ -107,7 +119,7 @@ def accelerator_loop(acc: Any, model: nn.Module, opt: Any) -> Loop:
 
 
 def build_loops(
-    kind: str, width: int, layers: int, world: int, with_accelerate: bool
+    kind: str, width: int, layers: int, world: int, with_accelerate: bool, accumulation: int = 1
 ) -> tuple[dict[str, Loop], dict[str, nn.Module]]:
     """One model + optimizer per variant, each from the same initial weights."""
     import accel
@@ -118,9 +130,9 @@ def build_loops(
     modules["raw"] = model
     if world > 1:
         model = nn.parallel.DistributedDataParallel(model)
-    loops["raw"] = raw_loop(model, make_optimizer(model))
+    loops["raw"] = raw_loop(model, make_optimizer(model), accumulation)
 
-    acc = accel.Accelerator(cpu=True)
+    acc = accel.Accelerator(cpu=True, gradient_accumulation_steps=accumulation)
     model = make_model(kind, width, layers)
     model, opt = acc.prepare(model, make_optimizer(model))
     loops["accel"] = accelerator_loop(acc, model, opt)
@@ -129,7 +141,7 @@ def build_loops(
     if with_accelerate:
         import accelerate
 
-        hf = accelerate.Accelerator(cpu=True)
+        hf = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=accumulation)
         model = make_model(kind, width, layers)
         model, opt = hf.prepare(model, make_optimizer(model))
         loops["accelerate"] = accelerator_loop(hf, model, opt)
@@ -175,12 +187,14 @@ def measure(
 ) -> dict[str, Any]:
     """Per-round microseconds per step of each variant, and the warm-up equivalence check."""
     steps = args.steps if kind == "tiny" else args.medium_steps
-    loops, modules = build_loops(kind, args.width, args.layers, world, with_accelerate)
-    warm = make_batches(kind, args.width, args.warmup, rank + 100)
+    loops, modules = build_loops(
+        kind, args.width, args.layers, world, with_accelerate, args.accumulation
+    )
+    warm = make_batches(kind, args.width, args.warmup * args.accumulation, rank + 100)
     for loop in loops.values():
         loop(warm)
     diffs = {n: max_weight_difference(modules["raw"], m) for n, m in modules.items() if n != "raw"}
-    batches = make_batches(kind, args.width, steps, rank)
+    batches = make_batches(kind, args.width, steps * args.accumulation, rank)
     names = list(loops)
     rounds: list[dict[str, float]] = []
     for r in range(args.rounds):
@@ -328,8 +342,10 @@ def profile(args: argparse.Namespace, variant: str) -> None:
     import pstats
 
     torch.set_num_threads(args.threads)
-    loops, _ = build_loops("tiny", args.width, args.layers, 1, variant == "accelerate")
-    batches = make_batches("tiny", args.width, args.steps, 0)
+    loops, _ = build_loops(
+        "tiny", args.width, args.layers, 1, variant == "accelerate", args.accumulation
+    )
+    batches = make_batches("tiny", args.width, args.steps * args.accumulation, 0)
     loops[variant](batches)
     prof = cProfile.Profile()
     prof.runcall(loops[variant], batches)
@@ -350,6 +366,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--clock", choices=tuple(CLOCKS), default="wall", help="wall or CPU time")
     p.add_argument("--no-ddp", action="store_true", help="skip the 2-process DDP cases")
     p.add_argument("--profile", choices=VARIANTS, help="cProfile one variant")
+    p.add_argument("--accumulation", type=int, default=1, help="gradient accumulation steps")
     return p.parse_args()
 
 
@@ -365,7 +382,8 @@ def main() -> None:
     if not hf:
         print("(accelerate not importable: run with --group bench to compare)")
     print(f"torch {torch.__version__}, CPU, {args.clock} clock, {args.threads} thread(s) in 1 process, "
-          f"1 thread per process under DDP; pre-made tensor batches, AdamW, cross-entropy")  # fmt: skip
+          f"1 thread per process under DDP; pre-made tensor batches, AdamW, cross-entropy, "
+          f"gradient accumulation {args.accumulation}")  # fmt: skip
     single_raw = run_cases(args, 1, 0, hf)
     single = {
         "tiny": print_case("tiny MLP, 1 process", single_raw["tiny"]),
