@@ -8,7 +8,8 @@
   the same weights, optimizer and scheduler state bit for bit; the lost group's samples of the
   steps it missed are dropped, not read by the survivor.
 - DiLoCo with 2 groups: the outer step equals a hand computation of Nesterov SGD on the
-  averaged pseudo-gradient.
+  averaged pseudo-gradient; with one group SIGKILLed after a sync, the other syncs on alone
+  to the end.
 - Bad configurations fail with a clear error within the connect timeout.
 """
 
@@ -264,3 +265,24 @@ def test_diloco_outer_step_equals_the_hand_computation(tmp_path: Path) -> None:
             got = finals[g]["trajectory"][(sync + 1) * every - 1]
             for key, want in outer.items():
                 torch.testing.assert_close(got[key], want, rtol=1e-5, atol=1e-6)
+
+
+def test_diloco_with_one_group_lost_the_other_continues(tmp_path: Path) -> None:
+    out, syncs, every = tmp_path / "diloco_lost", 10, 2
+    out.mkdir()
+    extra = ("--ft_semi_sync", "diloco", "--ft_sync_every", every)
+    with _lighthouse(tmp_path, 1) as address:
+        survivor = _group(tmp_path, address, 0, 2, out, syncs, pace=0.1, extra=extra)
+        doomed = _group(tmp_path, address, 1, 2, out, syncs, pace=0.1, extra=extra)
+        procs = [survivor, doomed]
+        both = lambda: _count(out, 1, participants=2) >= every + 1  # noqa: E731  (one sync)
+        _wait_for("a sync of both groups", both, procs, out)
+        os.killpg(doomed.pid, signal.SIGKILL)
+        doomed.wait()
+        killed_at = len(_records(out, 0))
+        _finish([survivor], out)
+    after = _records(out, 0)[killed_at:]
+    # the survivor ran on to the last sync, alone, without a restart (one process: one log)
+    assert after[-1]["after"] == syncs
+    alone = [r["after"] for r in after if r["participants"] == 1]
+    assert len(set(alone)) >= 2, after  # at least two syncs of the survivor alone

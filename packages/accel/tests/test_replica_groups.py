@@ -1,0 +1,140 @@
+"""Fault tolerance across replica groups (torchft) in this process: a real lighthouse and real
+managers, each replica group one Accelerator (one process per group, or a thread per group
+where two must meet). The launched runs are in integration-tests/test_replica_groups.py.
+
+- Gradient accumulation: exactly one quorum and one commit per optimizer step.
+- Two groups given one id: both fail with an error that names the id, within the timeout.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from accel import Accelerator
+from accel_testkit.tolerance import assert_same_training, float32_error
+
+pytestmark = pytest.mark.needs("torchft")
+
+
+@pytest.fixture
+def lighthouse(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[int], str]]:
+    """Starts a lighthouse on loopback for `min_replicas` groups; returns its address."""
+    from accel_parallel.fault_tolerance import serve_lighthouse
+
+    for name in ("MASTER_ADDR", "MASTER_PORT", "TORCHFT_LIGHTHOUSE"):
+        monkeypatch.delenv(name, raising=False)
+    servers: list[Any] = []
+
+    def serve(min_replicas: int) -> str:
+        servers.append(serve_lighthouse(min_replicas, "127.0.0.1:0"))
+        return servers[-1].address()
+
+    yield serve
+    for server in servers:
+        server.shutdown()
+
+
+def _accelerator(lighthouse: str, group: int, groups: int, **kwargs: Any) -> Accelerator:
+    from accel.utils import FaultTolerancePlugin
+
+    plugin = FaultTolerancePlugin(
+        replica_group_id=group, num_replica_groups=groups, min_replica_groups=groups,
+        lighthouse=lighthouse, timeout=10.0,
+    )  # fmt: skip
+    return Accelerator(cpu=True, fault_tolerance=plugin, **kwargs)
+
+
+def _count_calls(manager: Any, names: tuple[str, ...]) -> dict[str, int]:
+    counts = dict.fromkeys(names, 0)
+    for name in names:
+        call = getattr(manager, name)
+
+        def counted(*args: Any, _call: Any = call, _name: str = name, **kw: Any) -> Any:
+            counts[_name] += 1
+            return _call(*args, **kw)
+
+        setattr(manager, name, counted)
+    return counts
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+
+
+def test_accumulation_takes_one_quorum_and_one_commit_per_optimizer_step(
+    lighthouse: Callable[[int], str],
+) -> None:
+    acc = _accelerator(lighthouse(1), 0, 1, gradient_accumulation_steps=2)
+    model = _model()
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    model, optimizer = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    strategy = acc.strategy
+    counts = _count_calls(strategy.manager, ("start_quorum", "should_commit"))
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(12, 4, generator=g), torch.randn(12, 1, generator=g)
+    seen = []
+    try:
+        for i in range(6):  # 3 optimizer steps of 2 micro-batches
+            with acc.accumulate(model):
+                acc.backward(
+                    nn.functional.mse_loss(model(x[2 * i : 2 * i + 2]), y[2 * i : 2 * i + 2])
+                )
+                optimizer.step()
+                optimizer.zero_grad()
+            seen.append((counts["start_quorum"], counts["should_commit"], strategy.current_step))
+    finally:
+        strategy.shutdown()
+    # micro-batch i: the quorum opens at the first forward of each step, commits at its end
+    assert seen == [(1, 0, 0), (1, 1, 1), (2, 1, 1), (2, 2, 2), (3, 2, 2), (3, 3, 3)]
+    # the same arithmetic by hand: the mean of the two micro-batches' halved losses' gradients
+    reference = _model()
+    sgd = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for s in range(3):
+        for i in (2 * s, 2 * s + 1):
+            (
+                nn.functional.mse_loss(reference(x[2 * i : 2 * i + 2]), y[2 * i : 2 * i + 2]) / 2
+            ).backward()
+        sgd.step()
+        sgd.zero_grad()
+    # 2 layers, sums of at most 8 terms (the width), 3 steps
+    got = acc.unwrap_model(model).state_dict()
+    assert_same_training(got, reference.state_dict(), start, bound=3 * float32_error(2, 8))
+
+
+def test_two_groups_given_one_id_fail_clearly_not_hang(
+    lighthouse: Callable[[int], str],
+) -> None:
+    address = lighthouse(2)
+    errors: list[BaseException | None] = [None, None]
+
+    def group(i: int) -> None:
+        acc = _accelerator(address, 0, 2)  # both say replica_group_id=0
+        model = _model()
+        model, optimizer = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        try:
+            acc.backward(model(torch.ones(2, 4)).sum())
+            optimizer.step()
+        except BaseException as err:  # the test reads it
+            errors[i] = err
+        finally:
+            acc.strategy.shutdown()
+
+    threads = [threading.Thread(target=group, args=(i,)) for i in (0, 1)]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a group hung"
+    for err in errors:
+        assert isinstance(err, ValueError), err
+        assert "two replica groups run with replica_group_id=0" in str(err)
+    assert time.monotonic() - start < 60  # the timeout is 10 s
