@@ -4,6 +4,7 @@ where two must meet). The launched runs are in integration-tests/test_replica_gr
 
 - Gradient accumulation: exactly one quorum and one commit per optimizer step.
 - Two groups given one id: both fail with an error that names the id, within the timeout.
+- A checkpoint keeps the groups' step: a run restarted whole from it continues counting.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -138,3 +140,41 @@ def test_two_groups_given_one_id_fail_clearly_not_hang(
         assert isinstance(err, ValueError), err
         assert "two replica groups run with replica_group_id=0" in str(err)
     assert time.monotonic() - start < 60  # the timeout is 10 s
+
+
+def test_a_run_restarted_whole_from_a_checkpoint_continues_the_groups_step(
+    lighthouse: Callable[[int], str], tmp_path: Path
+) -> None:
+    from accel import ProjectConfiguration
+
+    def run(address: str) -> tuple[Accelerator, nn.Module, torch.optim.Optimizer]:
+        config = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True)
+        acc = _accelerator(address, 0, 1, project_config=config)
+        model = _model()
+        model, optimizer = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        return acc, model, optimizer
+
+    def step(acc: Accelerator, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        acc.backward(model(torch.ones(2, 4)).sum())
+        optimizer.step()
+        optimizer.zero_grad()
+
+    first = run(lighthouse(1))
+    try:
+        for _ in range(2):
+            step(*first)
+        assert first[0].strategy.current_step == 2
+        first[0].save_state()
+    finally:
+        first[0].strategy.shutdown()
+    again = run(lighthouse(1))  # a new lighthouse and manager: the whole run restarted
+    try:
+        assert again[0].strategy.current_step == 0
+        again[0].load_state_if_any()
+        assert again[0].strategy.current_step == 2
+        for key, value in again[0].unwrap_model(again[1]).state_dict().items():
+            assert torch.equal(value, first[0].unwrap_model(first[1]).state_dict()[key]), key
+        step(*again)
+        assert again[0].strategy.current_step == 3
+    finally:
+        again[0].strategy.shutdown()

@@ -121,6 +121,18 @@ class FaultTolerantStrategy(DDPStrategy):
         is its peers'). Schedulers, metrics and checkpoints follow it."""
         return 0 if self.manager is None else int(self.manager.current_step())
 
+    def run_state(self) -> dict[str, int]:
+        """The manager's step and committed batches, for a checkpoint ({} before prepare)."""
+        return {} if self.manager is None else dict(self.manager.state_dict())
+
+    def load_run_state(self, state: Mapping[str, int]) -> None:
+        """Continue counting from a checkpoint's step (a run restarted whole: every group
+        loads it before its first quorum, so none is healed for being behind)."""
+        if state and self.manager is not None:
+            self.manager.load_state_dict(
+                {"step": int(state["step"]), "batches_committed": int(state["batches_committed"])}
+            )
+
     # -- the manager -------------------------------------------------------------------------
     def _make_manager(self) -> Any:
         torchft = import_torchft()

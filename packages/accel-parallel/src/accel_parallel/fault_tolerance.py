@@ -137,12 +137,18 @@ def _check_address(address: str, what: str) -> str:
 @runtime_checkable
 class ReplicaGroups(Protocol):
     """A strategy whose process group is one of several replica groups: the Accelerator
-    registers its checkpointed objects for healing and lets one group write checkpoints."""
+    registers its checkpointed objects for healing, lets one group write checkpoints, and
+    keeps the groups' step (`run_state`) in each checkpoint, so that a run restarted whole
+    from one continues counting."""
 
     def register_for_healing(self, *objects: Any) -> None: ...
 
     @property
     def writes_checkpoints(self) -> bool: ...
+
+    def run_state(self) -> dict[str, int]: ...
+
+    def load_run_state(self, state: Mapping[str, int]) -> None: ...
 
 
 def serve_lighthouse(

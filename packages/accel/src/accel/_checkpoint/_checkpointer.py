@@ -246,6 +246,8 @@ class Checkpointer:
         for i, obj in enumerate(self.custom_objects):
             obj.load_state_dict(load_file(source / custom_file(i), trusted=True))
         load_process_state(self, source, meta, stateful_loaders)
+        if isinstance(self.strategy, ReplicaGroups) and meta and "replica_groups" in meta:
+            self.strategy.load_run_state(meta["replica_groups"])
         _naming.continue_numbering(pc, source)
         return os.fspath(source)
 

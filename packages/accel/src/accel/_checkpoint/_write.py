@@ -26,6 +26,7 @@ from accel_parallel.checkpoint import (
     rng_file,
     scheduler_file,
 )
+from accel_parallel.fault_tolerance import ReplicaGroups
 from accel_state import rng_state
 
 if TYPE_CHECKING:
@@ -99,6 +100,8 @@ def marker_meta(ck: Checkpointer) -> dict[str, Any]:
         # as Accelerator.mixed_precision reports it
         "mixed_precision": strategy.engine_precision or precision.name,
         "iteration": ck.project_configuration.iteration,
+        # replica groups (torchft): the groups' step, which a run restarted whole continues
+        **({"replica_groups": strategy.run_state()} if isinstance(strategy, ReplicaGroups) else {}),
     }
 
 
