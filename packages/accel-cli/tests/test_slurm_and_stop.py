@@ -91,7 +91,11 @@ def test_launch_inside_an_allocation_builds_the_multi_node_command(tmp_path, mon
     assert main(argv) == 0
     cmd = capsys.readouterr().out.splitlines()[0]
     assert "--nproc-per-node 2 --nnodes 2 --node-rank 1" in cmd
-    assert "--rdzv-endpoint cn07:29500" in cmd
+    # the step's own port (15000 + (job 5 x 31 + step 0) mod 10000), not 29500: two jobs
+    # sharing nodes do not meet; a flag or the file still wins
+    assert "--rdzv-endpoint cn07:15155" in cmd
+    assert main([*argv[:2], "--main_process_port", "29500", *argv[2:]]) == 0
+    assert "--rdzv-endpoint cn07:29500" in capsys.readouterr().out
     assert main([*argv[:2], "--num_machines", "1", *argv[2:]]) == 0  # a flag wins
     assert "--nnodes 1 " in capsys.readouterr().out
 

@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     )
     env = {**build_env(config, os.environ, cpu_cores=cores), **extra_env}
     if args.dry_run:
-        _print_dry_run(config, cmd, env)
+        _print_dry_run(config, cmd, env, every_machine=getattr(args, "preflight", None) is not None)
         return 0
     torchrun = config.distributed and config.mpirun_hostfile is None
     config, note = with_hang_note(config)  # not before --dry_run: it makes a file
@@ -135,10 +135,13 @@ def run(args: argparse.Namespace) -> int:
     return watch.finish(code)
 
 
-def _print_dry_run(config: LaunchConfig, cmd: list[str], env: Mapping[str, str]) -> None:
-    """The command (each machine's, on several), the variables the launch changes, and the
-    launch configuration."""
-    if config.num_machines > 1 and "--node-rank" in cmd:
+def _print_dry_run(
+    config: LaunchConfig, cmd: list[str], env: Mapping[str, str], *, every_machine: bool
+) -> None:
+    """The command, the variables the launch changes, and the launch configuration; with
+    `every_machine` (--preflight --dry_run), each machine's command under a `# machine N:`
+    line."""
+    if every_machine and config.num_machines > 1 and "--node-rank" in cmd:
         at = cmd.index("--node-rank") + 1
         for rank in range(config.num_machines):
             print(f"# machine {rank}:" + (" (this one)" if rank == config.machine_rank else ""))
