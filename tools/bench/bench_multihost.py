@@ -129,15 +129,24 @@ def bench_step(hosts: Hosts, tmp: Path, steps: int, width: int) -> None:
     script.write_text(STEP)
     results: dict[str, list[float]] = {}
     port = 29600
-    for round_ in range(2):
+    for _ in range(2):  # two rounds, the launchers interleaved
         for kind, lib in (("torchrun", "raw"), ("accel", "accel"), ("accelerate", "accelerate")):
-            if kind == "accelerate" and shutil.which("accelerate", path=str(Path(PY).parent)) is None:
+            if (
+                kind == "accelerate"
+                and shutil.which("accelerate", path=str(Path(PY).parent)) is None
+            ):
                 continue
             port += 1
             manual = {} if kind == "accel" else {"GLOO_SOCKET_IFNAME": "eth1"}
             procs = []
             for rank in (0, 1):
-                argv = [*launcher(kind, hosts, rank, port), str(script), lib, str(steps), str(width)]
+                argv = [
+                    *launcher(kind, hosts, rank, port),
+                    str(script),
+                    lib,
+                    str(steps),
+                    str(width),
+                ]
                 procs.append(start(hosts, rank, argv, env(**manual), tmp / f"{kind}{rank}.log"))
             for p in procs:
                 p.wait(timeout=600)
@@ -190,8 +199,8 @@ def bench_mistakes(hosts: Hosts, tmp: Path, cap: float) -> None:
             holder = None
             if name == "main port held":
                 holder = subprocess.Popen(hosts.command(0, [PY, "-c", (
-                    "import socket,time;s=socket.socket();s.bind(('0.0.0.0',%d));s.listen();"
-                    "time.sleep(600)") % port]))  # fmt: skip
+                    f"import socket,time;s=socket.socket();s.bind(('0.0.0.0',{port}));s.listen();"
+                    "time.sleep(600)")]))  # fmt: skip
                 time.sleep(1.0)
             manual = {} if kind == "accel" else {"GLOO_SOCKET_IFNAME": "eth1"}
             procs = [start(hosts, h, [*argv, str(script)], env(**manual),
