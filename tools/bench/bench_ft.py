@@ -12,18 +12,21 @@ participants, and for the fault-tolerant engine the seconds spent in the quorum 
 1. No failure, the same 2 processes: plain DDP (one launch of 2); the fault-tolerant engine
    as 2 replica groups of 1 (the gradient average is torchft's, across groups) and as 1 group
    of 2 (DDP inside the group; the quorum and commit are all that is added). Median step time
-   of rank 0 over `--steps` steps after 10 warm-up steps; ratio to DDP.
+   of rank 0 over `--steps` steps after 10 warm-up steps, the median over `--rounds` rounds
+   (each round runs the three in turn); ratio to DDP.
 2. One failure, fault tolerant (2 groups of 1): group 1 is SIGKILLed (launcher and worker)
    once the run is at step 20; it is relaunched 10 steps of the survivor later. Lost time =
    wall time from the start of the step in progress at the kill to the end of the first step
    committed after it, minus the steps of progress made in that window x the normal step
    (the median before the kill). Time to rejoin: from the relaunch to the end of the healed
    group's first committed step (start, imports, prepare, quorum, heal from the peer, one step),
-   and the survivor's lost time around the rejoin, by the same formula.
+   and the survivor's lost time around the rejoin, by the same formula against its median step
+   alone (on a machine with few cores, the new process's start slows the survivor's steps).
 3. One failure, restart-the-world: plain DDP on 2 processes under `accel launch
    --max_restarts 1`, `save_state` every `--save_every` steps, `load_state_if_any()` at start;
-   the rank 1 worker is SIGKILLed half-way between two checkpoints (step 25 with the default
-   10: 5 steps to redo); torchrun restarts both, they resume from the checkpoint of step 20.
+   the rank 1 worker is SIGKILLed half-way between two checkpoints (after 25 steps with the
+   default 10, at step 24 counted from 0: steps 20-24 to redo); torchrun restarts both, they
+   resume from the checkpoint of step 20.
    Lost time, same formula, up to the end of the first step past the step of the kill. Also
    the time of one `save_state` (what the checkpoints cost without failure: that / N per step).
 
