@@ -139,7 +139,6 @@ def test_values_accel_cannot_honour_are_refused(argv, expected, tmp_path, capsys
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("distributed_type: XLA\n", "TPU"),
         ("dynamo_config:\n  dynamo_backend: NVPRIMS_NVFUSER\n", "nvFuser"),
         ("mixed_precision: fp8\nfp8_config:\n  backend: MSAMP\n", "MS-AMP"),
     ],

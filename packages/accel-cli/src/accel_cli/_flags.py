@@ -19,8 +19,17 @@ from typing import Any
 
 # Why a group of flags is refused, and what to use instead.
 TPU = (
-    "TPU/XLA is not provided by accel, which runs on CPUs and GPUs through torch.distributed; "
-    "launch TPU jobs with `accelerate launch --tpu` or torch_xla's own launcher"
+    "torch no longer ships TorchDynamo's TPU backends (torch-xla registers 'openxla'); on XLA "
+    "devices launch with --tpu and compile in the script, or pass --dynamo_backend no"
+)
+TPU_POD = (
+    "the TPU pod launcher ran torch-xla's xla_dist, which torch-xla 2.1 removed; run `accel "
+    "launch --tpu SCRIPT` on every worker of the pod instead (`accel tpu-config --tpu_name NAME "
+    "--tpu_zone ZONE --command 'accel launch --tpu SCRIPT'` runs it on all of them)"
+)
+DOWNCAST_BF16 = (
+    "--downcast_bf16 set XLA_DOWNCAST_BF16, which torch-xla 2.9 no longer reads; bf16 on XLA "
+    "runs through autocast (--mixed_precision bf16), which leaves float64 tensors as they are"
 )
 SAGEMAKER = (
     "Amazon SageMaker is not provided by accel: `accel launch` runs on this machine; submit "
@@ -190,20 +199,24 @@ _OTHER = (
     Flag("debug", None, None, help="Check tensor shapes on every process before each gather, "
          "reduce, broadcast and pad, and fail on a mismatch instead of hanging."),
     _f("mpirun_hostfile", help="Start the CPU processes with mpirun and this hostfile."),
-    _f("main_training_function", help="accelerate's TPU entry function (refused unless 'main')."),
-    _switch("downcast_bf16", refused="--downcast_bf16 is the TPU's bf16 downcast: " + TPU),
+    _f("main_training_function", help="With --tpu: the script's function each XLA process "
+       "runs (default main); without --tpu, refused unless 'main'."),
+    _switch("downcast_bf16", refused=DOWNCAST_BF16),
     _f("gradient_clipping", kind=float, help="DeepSpeed: clip every step to this norm "
        "(without it, only accelerator.clip_grad_norm_ in the loop clips)."),
 )  # fmt: skip
 
 _TPU = (
-    _switch("tpu", refused=TPU),
-    _switch("tpu_use_cluster", options=("--tpu_cluster", "--tpu-cluster"), refused=TPU),
+    _switch("tpu", help="Run on this host's XLA devices (TPU; XLA's CPU device with "
+            "PJRT_DEVICE=CPU) through torch-xla's launcher: one process per device, each "
+            "calling --main_training_function (accelerate's tpu_launcher)."),
+    _switch("tpu_use_cluster", options=("--tpu_cluster", "--tpu-cluster"), refused=TPU_POD),
     Flag("no_tpu_cluster", None, None, options=("--no_tpu_cluster", "--no-tpu-cluster"),
-         refused=TPU),
-    _switch("tpu_use_sudo", refused=TPU),
-    _f("vm", append=True, refused=TPU),
-    _f("env", append=True, refused=TPU),
+         help="With --tpu: this host's devices only (what --tpu does: the pod launcher is "
+         "refused)."),
+    _switch("tpu_use_sudo", refused=TPU_POD),
+    _f("vm", append=True, refused=TPU_POD),
+    _f("env", append=True, refused=TPU_POD),
 )  # fmt: skip
 
 _SAGEMAKER = (
@@ -375,7 +388,7 @@ _GROUPS = (
     ("torchrun", _TORCHRUN),
     ("other", _OTHER),
     ("fault tolerance across replica groups (torchft; accel-parallel[ft])", _FT),
-    ("refused: TPU", _TPU),
+    ("TPU (XLA devices through torch-xla; the pod launcher is refused)", _TPU),
     ("refused: SageMaker", _SAGEMAKER),
     ("DeepSpeed ZeRO (with --use_deepspeed, or distributed_type: DEEPSPEED)", _DEEPSPEED),
     ("FSDP2 (with --use_fsdp, or distributed_type: FSDP in the file)", _FSDP),

@@ -177,7 +177,6 @@ CHECKED_SECTIONS: dict[str, tuple[str, ...]] = {
     "mpirun_config": ("mpirun_hostfile", "mpirun_ccl"),
 }
 
-_TPU = "TPU/XLA is not provided by accel (launch TPU jobs with accelerate or torch_xla)"
 _SAGEMAKER = (
     "SageMaker is not provided by accel: `accel launch` runs on this machine (use accelerate or "
     "the SageMaker SDK)"
@@ -185,8 +184,9 @@ _SAGEMAKER = (
 # accelerate keys accel does not provide: (the value that asks for nothing, why and instead).
 REFUSED_KEYS: dict[str, tuple[Any, str]] = dict.fromkeys(_SAGEMAKER_KEYS, (None, _SAGEMAKER))
 # Keys only a TPU launch or `tpu-config` reads (the value that asks for nothing): accelerate's
-# launch passes over them unless distributed_type is XLA (refused), so a config written for
-# `tpu-config` launches as it does with accelerate; the launch notes them.
+# launch passes over them unless distributed_type is XLA (`accel launch --tpu`, which reads
+# main_training_function and refuses the pod launcher's keys), so a config written for
+# `tpu-config` launches as it does with accelerate; other launches note them.
 TPU_ONLY_KEYS: dict[str, Any] = {
     "main_training_function": "main",
     "downcast_bf16": False,
@@ -202,9 +202,7 @@ TPU_ONLY_KEYS: dict[str, Any] = {
 # Keys of sections accel does not provide: set to anything, they are refused.
 REFUSED_SECTIONS: dict[str, str] = {}
 # distributed_type values accel does not provide.
-REFUSED_TYPES: dict[str, str] = {
-    "XLA": _TPU,
-}
+REFUSED_TYPES: dict[str, str] = {}
 
 # Accepted and not acted on, by accelerate's launch either.
 NOTED_KEYS: dict[str, Any] = {"mpirun_config.mpirun_ccl": None, **TPU_ONLY_KEYS}

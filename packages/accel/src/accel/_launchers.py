@@ -77,6 +77,9 @@ def notebook_launcher(
     group after a failure), `monitor_interval` (seconds between the agent's checks of its
     workers) and `log_line_prefix_template` mean what they mean there. A worker's failure
     raises torch's `ChildFailedError` here.
+
+    Where torch-xla has a device (a TPU; `PJRT_DEVICE` set), the function runs once per XLA
+    device through torch-xla's launcher instead (`accel._xla_launcher`).
     """
     import torch
 
@@ -91,6 +94,13 @@ def notebook_launcher(
         ) from None
     if node_rank >= num_nodes:
         raise ValueError("The node_rank must be less than the number of nodes.")
+    from accel_parallel import xla_requested
+
+    if xla_requested(os.environ):  # XLA devices (TPU): torch-xla's launcher, see _xla_launcher
+        from accel._xla_launcher import launch_on_xla
+
+        config = {"mixed_precision": mixed_precision}
+        return launch_on_xla(function, args, num_processes, config)
     if num_processes is None:
         num_processes = max(torch.cuda.device_count(), 1) if torch.cuda.is_available() else 1
     config = {"mixed_precision": mixed_precision, "num_processes": num_processes * num_nodes}

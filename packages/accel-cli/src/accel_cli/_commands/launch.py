@@ -62,6 +62,7 @@ from accel_cli._resolve import (
 from accel_cli._run import run_child
 from accel_cli._sections import with_flag_sections
 from accel_cli._slurm import slurm_default_port
+from accel_cli._xla_launch import launch_tpu, tpu_wanted
 
 NAME = "launch"
 HELP = "Run a training script on one or many processes and machines."
@@ -91,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
         flags["cpu"] = True  # --multi_gpu then means several CPU processes, as in accelerate
         flags.pop("multi_gpu", None)
     file = load(args.config_file, os.environ)
+    if tpu_wanted(given, flags, file):  # XLA devices through torch-xla's launcher
+        return launch_tpu(given, flags, file, args, os.environ)
     if flags.get("multi_gpu"):
         on_cpu = _multi_gpu_processes(flags, file)
         flags.update(on_cpu)

@@ -1,13 +1,19 @@
 """`accel tpu-config`: run setup commands on every worker of a Cloud TPU VM through `gcloud`.
 
-accel does not train on TPUs; this only composes (and with --debug prints) the `gcloud
-compute tpus tpu-vm ssh` command that accelerate's `tpu-config` runs, so existing setup
-scripts keep working.
+It composes the `gcloud [alpha] compute tpus tpu-vm ssh NAME --zone ZONE --command "cd
+/usr/share; [pip install accel]; COMMANDS" --worker all` command that accelerate 1.15's
+`tpu-config` runs, from the flags and the config file (`tpu_name`, `tpu_zone`, `commands`,
+`command_file`); --debug prints it and runs nothing. On a pod it is how `accel launch --tpu`
+reaches every worker (the pod launcher, xla_dist, left torch-xla in 2.1). Unlike accelerate,
+a missing TPU name or zone, a version that is not one, a missing `gcloud` and gcloud's own
+failure are errors with an exit code, not a traceback or a success message.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -27,11 +33,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Compose (and run, or print under --debug) the gcloud command; 2 when it cannot."""
     try:
-        tpu_command_launcher(args)
+        return tpu_command_launcher(args)
     except ValueError as err:
         say(f"error: {err}")
         return 2
-    return 0
 
 
 def tpu_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
@@ -58,17 +63,27 @@ def tpu_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     return parser
 
 
+_VERSION = re.compile(r"^\d+(\.\d+)*([a-z]+\d*)?(\.dev\d+|\.post\d+)?$")
+GCLOUD_HINT = "install the Google Cloud CLI: https://cloud.google.com/sdk/docs/install"
+
+
 def _install_target(version: str) -> str:
+    """What `pip install` gets for --accelerate_version (accelerate's three forms)."""
     if version == "dev":
         return "git+https://github.com/huggingface/accelerate.git"
     if version == "latest":
         return "accel -U"
+    if not _VERSION.match(version):
+        raise ValueError(
+            f"--accelerate_version {version!r} is not a version: pass latest, dev or X.Y.Z."
+        )
     return f"accel=={version}"
 
 
-def tpu_command_launcher(args: argparse.Namespace) -> None:
+def tpu_command_launcher(args: argparse.Namespace) -> int:
     """Compose the gcloud command from `args` and the config file; print it under --debug,
-    else run it."""
+    else run it. Returns gcloud's exit code (0 under --debug); ValueError when the command
+    cannot be composed."""
     from accel_cli._config_args import load_config_from_file
     from accel_cli._environment import default_config_path
 
@@ -82,6 +97,12 @@ def tpu_command_launcher(args: argparse.Namespace) -> None:
         args.tpu_zone = args.tpu_zone or defaults.tpu_zone
     if not args.command_file and not args.command:
         raise ValueError("Pass --command or --command_file (or set commands in the config file).")
+    missing = [f"--{n}" for n in ("tpu_name", "tpu_zone") if not getattr(args, n)]
+    if missing:
+        raise ValueError(
+            f"{' and '.join(missing)} not given and not in the config file: pass "
+            f"{' '.join(f'{m} ...' for m in missing)} (or set them with `accel config`)."
+        )
     if args.command_file:
         args.command = [Path(args.command_file).read_text().splitlines()]
     lines = [line for item in args.command for line in (item if isinstance(item, list) else [item])]
@@ -94,6 +115,12 @@ def tpu_command_launcher(args: argparse.Namespace) -> None:
     cmd += ["--worker", "all"]
     if args.debug:
         print(f"Running {' '.join(cmd)}")
-        return
-    subprocess.run(cmd, check=True)
-    print("Successfully setup pod.")
+        return 0
+    if shutil.which("gcloud") is None:
+        raise ValueError(f"`gcloud` is not on PATH: {GCLOUD_HINT}, or run with --debug.")
+    code = subprocess.run(cmd).returncode
+    if code == 0:
+        print("Successfully setup pod.")
+    else:
+        say(f"error: gcloud exited with {code}: the pod's setup did not finish.")
+    return code

@@ -1,0 +1,83 @@
+"""`notebook_launcher` on XLA devices: the function once per device of this host through
+torch-xla's launcher (`xmp.spawn`, forked, as accelerate starts TPU workers in Colab and
+Kaggle; here wherever torch-xla has a device: `PJRT_DEVICE` set or libtpu installed).
+
+torch-xla 2.9 starts one process or one per device, so `num_processes` is honoured as that: None
+is every device, 1 is one process (the function called here), and on XLA's CPU device
+(`PJRT_DEVICE=CPU`) N is N devices (`CPU_NUM_DEVICES=N`). Other counts are refused, naming
+the devices there are.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from accel_state import ENV_ACCEL_CONFIG
+
+
+class _XLAEntry:
+    """What each XLA process calls: `function(*args)` (torch-xla passes the index first)."""
+
+    def __init__(self, function: Callable[..., Any]) -> None:
+        self.function = function
+
+    def __call__(self, index: int, *args: Any) -> None:
+        self.function(*args)
+
+
+def xla_nprocs(num_processes: int | None, environ: Mapping[str, str]) -> tuple[int | None, dict]:
+    """torch-xla's `nprocs` for `num_processes`, and the variables that make it so."""
+    if num_processes is None or num_processes == 1:
+        return num_processes, {}
+    device = environ.get("PJRT_DEVICE", "").upper()
+    if num_processes > 1 and device == "CPU":
+        return None, {"CPU_NUM_DEVICES": str(num_processes)}
+    here: int | str = "one per device"
+    if device in ("", "TPU"):
+        from torch_xla._internal import tpu
+
+        here = tpu.num_local_processes()
+        if num_processes == here:
+            return None, {}
+    raise ValueError(
+        f"notebook_launcher(num_processes={num_processes}) on XLA: torch-xla starts 1 process or "
+        f"one per device of this host ({here}); pass num_processes=1, or None for every device."
+    )
+
+
+def launch_on_xla(
+    function: Callable[..., Any], args: tuple[Any, ...], num_processes: int | None, config: dict
+) -> None:
+    """Run `function(*args)` on this host's XLA devices (see the module docstring)."""
+    from accel._accelerator_state import AcceleratorState
+
+    if AcceleratorState._shared_state:
+        raise ValueError(
+            "To train on XLA devices from a notebook, the `Accelerator` should only be "
+            "initialized inside your training function. Restart your notebook and make sure no "
+            "cells initializes an `Accelerator`."
+        )
+    nprocs, env = xla_nprocs(num_processes, os.environ)
+    import torch_xla
+
+    if torch_xla._XLAC._xla_runtime_is_initialized():
+        raise RuntimeError(
+            "torch-xla's runtime was started in this process before notebook_launcher (an XLA "
+            "tensor was made), so it cannot start workers. Restart the notebook and touch the "
+            "XLA device only inside the training function."
+        )
+    import torch_xla.distributed.xla_multiprocessing as xmp
+
+    before = {k: os.environ.get(k) for k in (*env, ENV_ACCEL_CONFIG)}
+    os.environ.update({**env, ENV_ACCEL_CONFIG: json.dumps(config)})
+    try:
+        xmp.spawn(_XLAEntry(function), args=args, nprocs=nprocs, start_method="fork")
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
