@@ -50,7 +50,7 @@ def test_availability_probes_tell_the_truth() -> None:
 
     assert is_pytest_available() is True
     assert is_deepspeed_available() is (importlib.util.find_spec("deepspeed") is not None)
-    assert is_torch_xla_available() is False
+    assert is_torch_xla_available() is (importlib.util.find_spec("torch_xla") is not None)
 
 
 def test_pure_utilities() -> None:

@@ -196,3 +196,70 @@ def convert_nargs_to_dict(nargs: list[str]) -> dict[str, Any]:
         key: literal_eval(value) if value in ("True", "False") else value
         for key, value in vars(parser.parse_args(nargs)).items()
     }
+
+
+_XLA_OFF = ("0", "false", "no", "off")
+
+
+def _on_tpu() -> bool:
+    """accelerate's `is_torch_xla_available(check_is_tpu=True)`: torch-xla installed, not
+    turned off (USE_TORCH_XLA=0), and its runtime's device a TPU."""
+    import importlib.util
+
+    if os.environ.get("USE_TORCH_XLA", "1").lower() in _XLA_OFF:
+        return False
+    if importlib.util.find_spec("torch_xla") is None:
+        return False
+    import torch_xla.runtime as xr
+
+    return xr.device_type() == "TPU"
+
+
+def prepare_tpu(
+    args: argparse.Namespace, current_env: dict[str, str], pod: bool = False
+) -> tuple[argparse.Namespace, dict[str, str]]:
+    """accelerate's: `XLA_USE_BF16=1` (or `XLA_DOWNCAST_BF16=1` with --downcast_bf16) for
+    bf16 on a TPU, `ACCELERATE_DEBUG_MODE=true` for --debug; with `pod`, `args.vm` and
+    `args.tpu` from --tpu_vm / --tpu_name. torch-xla 2.9 reads neither XLA variable any more:
+    accel's workers compute bf16 through autocast, from the launch configuration."""
+    if getattr(args, "mixed_precision", None) == "bf16" and _on_tpu():
+        name = "XLA_DOWNCAST_BF16" if getattr(args, "downcast_bf16", False) else "XLA_USE_BF16"
+        current_env[name] = "1"
+    if getattr(args, "debug", False):
+        current_env["ACCELERATE_DEBUG_MODE"] = "true"
+    if pod:
+        args.vm = getattr(args, "tpu_vm", None)
+        args.tpu = getattr(args, "tpu_name", None)
+    return args, current_env
+
+
+def tpu_launcher(args: argparse.Namespace) -> None:
+    """accelerate's: call the script's `main_training_function` once per XLA device of this
+    host through torch-xla's launcher (what `accel launch --tpu` runs; see `_xla_entry`), with
+    the launch's mixed precision; `num_processes` as torch-xla accepts it."""
+    import json
+
+    from accel_cli._environment import ENV_ACCEL_CONFIG
+    from accel_cli._xla_entry import spawn
+
+    if getattr(args, "no_python", False):
+        raise ValueError("--no_python cannot be used with TPU launcher")
+    args, env = prepare_tpu(args, {})
+    mixed = getattr(args, "mixed_precision", None) or "no"
+    env[ENV_ACCEL_CONFIG] = json.dumps({"mixed_precision": mixed})
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        spawn(
+            args.training_script,
+            getattr(args, "main_training_function", None) or "main",
+            list(getattr(args, "training_script_args", None) or []),
+            module=bool(getattr(args, "module", False)),
+            num_processes=getattr(args, "num_processes", None),
+        )
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -88,18 +88,37 @@ def nprocs(count: int | None, environ: dict[str, str] | os._Environ[str]) -> int
     )
 
 
-def main(argv: Sequence[str]) -> None:
-    args = _parser().parse_args(list(argv))
+def spawn(
+    script: str,
+    function: str,
+    script_args: Sequence[str],
+    *,
+    module: bool = False,
+    num_processes: int | None = None,
+) -> None:
+    """Import `script` (a module's name with `module`), make `sys.argv` the script's, and
+    call its `function` once per XLA device through torch-xla's launcher."""
     try:
         import torch_xla.distributed.xla_multiprocessing as xmp
     except ImportError as error:
         raise SystemExit(
             f"accel launch --tpu needs torch-xla ({error}); install it with: {INSTALL_HINT}"
         ) from None
-    count = nprocs(args.num_processes, os.environ)
-    fn, file = load_function(args.script, args.main_training_function, module=args.module)
-    sys.argv = [file, *args.script_args]
+    count = nprocs(num_processes, os.environ)
+    fn, file = load_function(script, function, module=module)
+    sys.argv = [file, *script_args]
     xmp.spawn(_Main(fn), nprocs=count)
+
+
+def main(argv: Sequence[str]) -> None:
+    args = _parser().parse_args(list(argv))
+    spawn(
+        args.script,
+        args.main_training_function,
+        args.script_args,
+        module=args.module,
+        num_processes=args.num_processes,
+    )
 
 
 if __name__ == "__main__":

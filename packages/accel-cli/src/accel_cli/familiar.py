@@ -66,6 +66,8 @@ from accel_cli._launch_compat import (
     launch_command_parser,
     prepare_multi_gpu_env,
     prepare_simple_launcher_cmd_env,
+    prepare_tpu,
+    tpu_launcher,
     validate_launch_command,
 )
 from accel_cli._migrate import (
@@ -126,10 +128,12 @@ __all__ = [
     "path_in_accelerate_package",
     "prepare_multi_gpu_env",
     "prepare_simple_launcher_cmd_env",
+    "prepare_tpu",
     "test_command",
     "to_fsdp2_command",
     "tpu_command_launcher",
     "tpu_command_parser",
+    "tpu_launcher",
     "update_config",
     "validate_launch_command",
     "verify_on_hub",

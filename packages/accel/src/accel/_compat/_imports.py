@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -86,8 +87,21 @@ def is_torch_distributed_available() -> bool:
 
 
 def is_torch_xla_available(check_is_tpu: bool = False, check_is_gpu: bool = False) -> bool:
-    """False: accel does not run on torch_xla (TPU/XLA is not provided)."""
-    return False
+    """accelerate's: torch-xla installed and not turned off (`USE_TORCH_XLA=0`); with
+    `check_is_tpu` / `check_is_gpu`, its runtime's device a TPU / a GPU (torch-xla is imported
+    only then)."""
+    if check_is_tpu and check_is_gpu:
+        raise ValueError("check_is_tpu and check_is_gpu cannot both be true.")
+    if os.environ.get("USE_TORCH_XLA", "1").lower() in ("0", "false", "no", "off"):
+        return False
+    if not _installed("torch_xla"):
+        return False
+    if check_is_tpu or check_is_gpu:
+        import torch_xla.runtime as xr
+
+        kind = xr.device_type()
+        return kind == "TPU" if check_is_tpu else kind in ("GPU", "CUDA")
+    return True
 
 
 def _backend(name: str) -> bool:

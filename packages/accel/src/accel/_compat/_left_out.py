@@ -7,7 +7,8 @@ from accel._compat._unsupported import (
     MEGATRON,
     MSAMP,
     SAGEMAKER,
-    TPU,
+    TPU_INSTALL,
+    TPU_POD,
     unsupported,
 )
 
@@ -31,17 +32,15 @@ fsdp2_apply_ac = unsupported("fsdp2_apply_ac", *FSDP_INTERNAL)
 fsdp2_load_full_state_dict = unsupported("fsdp2_load_full_state_dict", *FSDP_INTERNAL)
 fsdp2_prepare_model = unsupported("fsdp2_prepare_model", *FSDP_INTERNAL)
 fsdp2_switch_optimizer_parameters = unsupported("fsdp2_switch_optimizer_parameters", *FSDP_INTERNAL)
-install_xla = unsupported("install_xla", *TPU)
+install_xla = unsupported("install_xla", *TPU_INSTALL)
 prepare_deepspeed_cmd_env = unsupported(
     "prepare_deepspeed_cmd_env",
     LAUNCH_ENV[0],
     "`accel launch --use_deepspeed` builds the DeepSpeed command (see `accel launch --dry-run`).",
 )
 prepare_sagemager_args_inputs = unsupported("prepare_sagemager_args_inputs", *SAGEMAKER)
-prepare_tpu = unsupported("prepare_tpu", *TPU)
 sagemaker_launcher = unsupported("sagemaker_launcher", *SAGEMAKER)
-tpu_launcher = unsupported("tpu_launcher", *TPU)
-tpu_pod_launcher = unsupported("tpu_pod_launcher", *TPU)
+tpu_pod_launcher = unsupported("tpu_pod_launcher", *TPU_POD)
 
 # Megatron-LM's engine and its model-config parsers.
 MegatronEngine = unsupported("MegatronEngine", *MEGATRON)

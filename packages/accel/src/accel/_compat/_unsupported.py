@@ -29,7 +29,16 @@ def unsupported_names(names: list[str], feature: str, alternative: str) -> dict[
     return {name: unsupported(name, feature, alternative) for name in names}
 
 
-TPU = ("TPU / torch_xla", "Run on CPU or GPU, or use torch_xla directly.")
+TPU_POD = (
+    "the TPU pod launcher (torch-xla's xla_dist, removed in torch-xla 2.1)",
+    "Run `accel launch --tpu SCRIPT` on every worker of the pod: `accel tpu-config --tpu_name NAME "
+    "--tpu_zone ZONE --command 'accel launch --tpu SCRIPT'` starts it on all of them.",
+)
+TPU_INSTALL = (
+    "install_xla (it installed Colab wheels of torch-xla from a bucket that no longer serves them)",
+    'Install torch-xla from PyPI: pip install "accel[xla]" torch==2.9.0 (torch-xla X.Y needs '
+    "torch X.Y).",
+)
 SAGEMAKER = ("Amazon SageMaker launching", "Launch with `accel launch` inside the job instead.")
 MEGATRON = ("Megatron-LM", "Use FSDP2 (FullyShardedDataParallelPlugin) or tensor parallelism.")
 BNB = ("bitsandbytes quantization", "Quantize with the bitsandbytes or transformers APIs directly.")

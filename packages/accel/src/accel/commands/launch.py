@@ -18,9 +18,7 @@ from accel._compat._left_out import (
     PrepareForLaunch,
     prepare_deepspeed_cmd_env,
     prepare_sagemager_args_inputs,
-    prepare_tpu,
     sagemaker_launcher,
-    tpu_launcher,
     tpu_pod_launcher,
 )
 from accel_cli.familiar import (
@@ -37,6 +35,8 @@ from accel_cli.familiar import (
     load_config_from_file,
     prepare_multi_gpu_env,
     prepare_simple_launcher_cmd_env,
+    prepare_tpu,
+    tpu_launcher,
 )
 from accel_cli.familiar import validate_launch_command as _validate_launch_command
 from accel_state import (

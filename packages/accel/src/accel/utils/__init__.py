@@ -126,7 +126,6 @@ from accel._compat._left_out import (
     install_xla,
     prepare_deepspeed_cmd_env,
     prepare_sagemager_args_inputs,
-    prepare_tpu,
 )
 from accel._compat._operations import (
     TensorInformation,
@@ -238,6 +237,7 @@ from accel_cli.familiar import (
     ComputeEnvironment,
     prepare_multi_gpu_env,
     prepare_simple_launcher_cmd_env,
+    prepare_tpu,
 )
 from accel_data import DataLoaderConfiguration
 from accel_parallel import (

@@ -15,7 +15,6 @@ from accel._compat._left_out import (
     PrepareForLaunch,
     prepare_deepspeed_cmd_env,
     prepare_sagemager_args_inputs,
-    prepare_tpu,
 )
 from accel._compat._utils_dataclasses import (
     DynamoBackend,
@@ -34,7 +33,7 @@ from accel._compat._utils_other import (
 from accel._compat._versions import (
     compare_versions,
 )
-from accel_cli.familiar import SageMakerConfig, prepare_multi_gpu_env
+from accel_cli.familiar import SageMakerConfig, prepare_multi_gpu_env, prepare_tpu
 from accel_cli.familiar import convert_nargs_to_dict as _convert_nargs_to_dict
 from accel_cli.familiar import (
     prepare_simple_launcher_cmd_env as _prepare_simple_launcher_cmd_env,
