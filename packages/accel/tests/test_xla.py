@@ -207,3 +207,25 @@ def test_replicas_reduce_gradients_once(tmp_path: Path) -> None:
     assert_same_training(
         result["state"], eager_reference()["state"], make_net().state_dict(), bound
     )
+
+
+def test_set_seed_seeds_the_xla_generator() -> None:
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+
+    from accel.utils import set_seed
+
+    device = torch_xla.device()
+
+    def draw() -> torch.Tensor:
+        values = torch.rand(64, device=device)
+        torch_xla.sync()
+        return values.cpu()
+
+    set_seed(7)
+    assert xm.get_rng_state(device) == 7  # accelerate's xm.set_rng_state(seed)
+    first = draw()
+    set_seed(7)
+    torch.testing.assert_close(draw(), first, rtol=0, atol=0)
+    set_seed(8)
+    assert not torch.equal(draw(), first)

@@ -69,6 +69,11 @@ ENV_ACCEL_CONFIG = "ACCEL_LAUNCH_CONFIG"
 # device accel would pick, as in accelerate.
 ENV_TORCH_DEVICE = "ACCELERATE_TORCH_DEVICE"
 
+# XLA devices (torch-xla): accelerate's opt-out ("0" keeps a machine with torch-xla off XLA),
+# and torch-xla's runtime device ("TPU", "CPU", ...). set_seed seeds XLA's generator by them.
+ENV_USE_TORCH_XLA = "USE_TORCH_XLA"
+ENV_PJRT_DEVICE = "PJRT_DEVICE"
+
 DEFAULT_MASTER_PORT = 29500
 
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 
 from accel_state._enums import RNGType
+from accel_state._environment import ENV_PJRT_DEVICE, ENV_USE_TORCH_XLA
 
 
 def _numpy() -> Any:
@@ -18,6 +21,19 @@ def _numpy() -> Any:
     except ImportError:
         return None
     return numpy
+
+
+def _on_xla(environ: Mapping[str, str]) -> bool:
+    """Whether this process runs (or will run) on an XLA device: torch-xla is imported, or
+    installed with a device named (`PJRT_DEVICE`, or libtpu installed); not when the run opted
+    out (`USE_TORCH_XLA=0`). torch_xla is imported by the caller only then."""
+    if str(environ.get(ENV_USE_TORCH_XLA, "1")).lower() in ("0", "false", "no", "off"):
+        return False
+    if "torch_xla" in sys.modules:
+        return True
+    if importlib.util.find_spec("torch_xla") is None:
+        return False
+    return bool(environ.get(ENV_PJRT_DEVICE)) or importlib.util.find_spec("libtpu") is not None
 
 
 def _accelerator_module() -> Any:
@@ -37,7 +53,8 @@ def set_seed(
     *,
     process_index: int | None = None,
 ) -> None:
-    """Seed python, numpy (when installed), torch and every accelerator.
+    """Seed python, numpy (when installed), torch, every accelerator and, on an XLA device,
+    XLA's generator.
 
     With ``device_specific`` the rank is added to the seed, so processes draw different numbers
     (data augmentation); the rank is `process_index`, or the current PartialState's.
@@ -57,6 +74,10 @@ def set_seed(
     module = _accelerator_module()
     if module is not None and hasattr(module, "manual_seed_all"):
         module.manual_seed_all(seed)
+    if _on_xla(os.environ):  # XLA's generator is its own (accelerate: xm.set_rng_state)
+        import torch_xla.core.xla_model as xm
+
+        xm.set_rng_state(seed)
     if deterministic:
         torch.use_deterministic_algorithms(True)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
