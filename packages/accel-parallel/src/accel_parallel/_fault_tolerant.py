@@ -12,10 +12,15 @@ overflow does). A dead group costs the others one refused step and a quorum with
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import ipaddress
+import os
+import socket
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 import torch
 from torch import nn
@@ -146,6 +151,13 @@ class FaultTolerantStrategy(DDPStrategy):
                 "127.0.0.1", 0, is_master=True, wait_for_workers=False
             )
             addr, port = "127.0.0.1", str(self._store.port)
+        # the other groups reach this one's store, manager and checkpoint server by the
+        # address that faces the lighthouse (a group of one machine has a loopback store, and
+        # the host name may resolve to 127.0.0.1); gloo's connections across groups too
+        host = _address_toward(self.lighthouse)
+        if host is not None:
+            _gloo_interface(host, env)
+            addr = host if ipaddress.ip_address(_resolve(addr)).is_loopback else addr
         pg = ProcessGroupNCCL(timeout) if self.device.type == "cuda" else ProcessGroupGloo(timeout)
         try:
             manager = torchft.Manager(
@@ -162,6 +174,8 @@ class FaultTolerantStrategy(DDPStrategy):
                 store_addr=addr,
                 store_port=int(port),
                 lighthouse_addr=self.lighthouse,
+                hostname=host or socket.gethostname(),
+                checkpoint_transport=_checkpoint_transport(timeout, host),
                 replica_id=f"{_REPLICA_PREFIX}{self.plugin.replica_group_id}",
                 init_sync=self.plugin.semi_sync is None,
             )
@@ -278,6 +292,58 @@ class FaultTolerantStrategy(DDPStrategy):
             self._semi_sync.__exit__(None, None, None)
         if self.manager is not None:
             self.manager.shutdown(wait=False)
+
+
+def _resolve(host: str) -> str:
+    return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]
+
+
+def _address_toward(lighthouse: str) -> str | None:
+    """This host's address on the route to the lighthouse (asked of the kernel: a UDP
+    socket's connect sends nothing); None when the lighthouse is on loopback, or cannot be
+    reached (the manager's connect then says so)."""
+    try:
+        target = _resolve(urlsplit(lighthouse).hostname or "")
+        if ipaddress.ip_address(target).is_loopback:
+            return None
+        family = socket.AF_INET6 if ":" in target else socket.AF_INET
+        with contextlib.closing(socket.socket(family, socket.SOCK_DGRAM)) as sock:
+            sock.connect((target, 9))
+            local = str(sock.getsockname()[0])
+    except OSError:
+        return None
+    return None if ipaddress.ip_address(local).is_loopback else local
+
+
+def _gloo_interface(address: str, env: Mapping[str, str]) -> None:
+    """Point gloo at the interface holding `address` unless the user chose one: left to
+    itself gloo binds the address its host name resolves to, often 127.0.0.1."""
+    if env.get("GLOO_SOCKET_IFNAME") or ":" in address:
+        return
+    import fcntl
+    import struct
+
+    siocgifaddr = 0x8915
+    for _, name in socket.if_nameindex():
+        with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_DGRAM)) as sock:
+            request = struct.pack("256s", name.encode()[:15])
+            with contextlib.suppress(OSError):
+                if socket.inet_ntoa(fcntl.ioctl(sock, siocgifaddr, request)[20:24]) == address:
+                    os.environ["GLOO_SOCKET_IFNAME"] = name
+                    return
+
+
+def _checkpoint_transport(timeout: timedelta, host: str | None) -> Any:
+    """torchft's HTTP checkpoint server, advertised at `host` (torchft's own advertises the
+    host name, which other machines may not resolve to this one)."""
+    from torchft.checkpointing.http_transport import HTTPTransport
+
+    class Transport(HTTPTransport):
+        def address(self) -> str:
+            port = self._server.socket.getsockname()[1]
+            return f"http://{host}:{port}/checkpoint/"
+
+    return HTTPTransport(timeout, num_chunks=0) if host is None else Transport(timeout, 0)
 
 
 def _default_outer_optimizer(params: Any) -> torch.optim.Optimizer:
