@@ -106,6 +106,9 @@ class XLAStrategy(Strategy):
         device = info.device if info.device.type == "xla" else self._xla.device()
         self._device = torch.device(device)
         self._reduced: set[int] = set()  # parameters whose gradients this step reduced
+        import torch_xla.debug.profiler
+
+        self._profiler = torch_xla.debug.profiler
 
     @property
     def device(self) -> torch.device:
@@ -179,6 +182,9 @@ class XLAStrategy(Strategy):
         stepped = super().optimizer_step(optimizer, precision)
         self._reduced.clear()
         self._xla.sync()  # the accumulation boundary: run the step's graph
+        # ...and tell torch-xla's loader so, or its next batch cuts an empty graph again (the
+        # flag its PerDeviceLoader reads, which torch-xla's own step tracer sets)
+        self._profiler.set_tracer_marked_step(True)
         return stepped
 
     # -- state: on the host, so that every engine reads it -------------------------------------
