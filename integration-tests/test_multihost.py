@@ -162,7 +162,9 @@ def test_preflight_names_a_machine_rank_given_twice(hosts: Hosts, tmp_path: Path
 
 def test_preflight_names_a_held_port_on_both_sides(hosts: Hosts, tmp_path: Path) -> None:
     holder = subprocess.Popen(hosts.command(0, [sys.executable, "-c", (
-        f"import socket,time;s=socket.socket();s.bind(('0.0.0.0',{PORT}));s.listen();"
+        "import socket,time;s=socket.socket();"
+        "s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"  # past earlier tests' TIME_WAIT
+        f"s.bind(('0.0.0.0',{PORT}));s.listen();"
         "print('held',flush=True);time.sleep(120)"
     )]), stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:

@@ -191,13 +191,15 @@ class HangDoctor:
         if not reason.startswith("stopped by"):
             self._announce(reason)
         self.write_report(reason)
+        if self.notify is not None:  # at once: a launcher may end this process any moment
+            Path(self.notify).write_text(str(self.folder))
         everyone = self._wait(
             lambda: all(report_path(self.folder, r).exists() for r in self._ranks())
         )
         if not everyone:  # is the machine of a silent rank still on the network?
             self.write_report(reason, probe=True)
-        if self.notify is not None:  # the launcher prints the diagnosis from here on
-            Path(self.notify).write_text(str(self.folder))
+            if self.notify is not None:  # again: the launcher waits for the note to settle
+                Path(self.notify).write_text(str(self.folder))
         if self.notify is None:
             self._print_diagnosis()
         if self.exit_process:
