@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from accel_testkit.launch import LAUNCHER_VARS, accel_command, launch_command, worker_env
-from accel_testkit.netns import Hosts, make_hosts
+from accel_testkit.netns import Hosts, hosts_or_skip
 from accel_testkit.tolerance import assert_same_training, float32_error, norm_terms
 
 HERE = Path(__file__).resolve().parent
@@ -40,13 +40,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def hosts() -> Iterator[Hosts]:
-    made = make_hosts(f"accel{os.getpid() % 100000}", 3)
-    if isinstance(made, str):
-        pytest.skip(made)
-    try:
+    with hosts_or_skip(f"accel{os.getpid() % 100000}", 3) as made:
         yield made
-    finally:
-        made.remove()
 
 
 def _env(tmp: Path, **extra: str) -> dict[str, str]:

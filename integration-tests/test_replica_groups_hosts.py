@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from accel_testkit.launch import LAUNCHER_VARS, accel_command, launch_command, worker_env
-from accel_testkit.netns import Hosts, make_hosts
+from accel_testkit.netns import Hosts, hosts_or_skip
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -46,13 +46,8 @@ STEPS, PACE = 200, 0.1  # alone, a group sleeps 4 x PACE a step: time for host 1
 
 @pytest.fixture(scope="module")
 def hosts() -> Iterator[Hosts]:
-    made = make_hosts(f"accelrg{os.getpid() % 100000}", 2)
-    if isinstance(made, str):
-        pytest.skip(made)
-    try:
+    with hosts_or_skip(f"accelrg{os.getpid() % 100000}", 2) as made:
         yield made
-    finally:
-        made.remove()
 
 
 def _env(tmp: Path) -> dict[str, str]:

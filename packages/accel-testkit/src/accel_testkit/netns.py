@@ -11,14 +11,15 @@ management network that reaches nobody, eth1 the cluster network on a bridge).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-__all__ = ["SCRIPT", "Hosts", "make_hosts"]
+__all__ = ["SCRIPT", "Hosts", "hosts_or_skip", "make_hosts"]
 
 # tools/netns/hosts.sh of the workspace (the testkit is installed from the workspace only)
 SCRIPT = Path(__file__).resolve().parents[4] / "tools" / "netns" / "hosts.sh"
@@ -74,3 +75,18 @@ def make_hosts(name: str, count: int) -> Hosts | str:
         subprocess.run(["bash", str(SCRIPT), "down", name], capture_output=True, timeout=60)
         return f"network namespaces cannot be made here: {done.stderr.strip()[-300:]}"
     return Hosts(name, count)
+
+
+@contextlib.contextmanager
+def hosts_or_skip(name: str, count: int) -> Iterator[Hosts]:
+    """`count` hosts for a test (a pytest fixture's body), removed afterwards also when the
+    test fails; the test skips, saying why, where they cannot be made."""
+    made = make_hosts(name, count)
+    if isinstance(made, str):
+        import pytest  # the testkit's users are tests
+
+        pytest.skip(made)
+    try:
+        yield made
+    finally:
+        made.remove()
