@@ -12,7 +12,6 @@ overflow does). A dead group costs the others one refused step and a quorum with
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import ipaddress
 import os
@@ -34,6 +33,7 @@ from accel_parallel.fault_tolerance import (
     import_torchft,
     lighthouse_from,
 )
+from accel_state import address_toward, interface_of
 
 _REPLICA_PREFIX = "accel_replica_group_"
 
@@ -299,38 +299,20 @@ def _resolve(host: str) -> str:
 
 
 def _address_toward(lighthouse: str) -> str | None:
-    """This host's address on the route to the lighthouse (asked of the kernel: a UDP
-    socket's connect sends nothing); None when the lighthouse is on loopback, or cannot be
-    reached (the manager's connect then says so)."""
-    try:
-        target = _resolve(urlsplit(lighthouse).hostname or "")
-        if ipaddress.ip_address(target).is_loopback:
-            return None
-        family = socket.AF_INET6 if ":" in target else socket.AF_INET
-        with contextlib.closing(socket.socket(family, socket.SOCK_DGRAM)) as sock:
-            sock.connect((target, 9))
-            local = str(sock.getsockname()[0])
-    except OSError:
-        return None
-    return None if ipaddress.ip_address(local).is_loopback else local
+    """This host's address on the route to the lighthouse; None when the lighthouse is on
+    loopback, or cannot be reached (the manager's connect then says so)."""
+    local = address_toward(urlsplit(lighthouse).hostname or "")
+    return None if local is None or ipaddress.ip_address(local).is_loopback else local
 
 
 def _gloo_interface(address: str, env: Mapping[str, str]) -> None:
     """Point gloo at the interface holding `address` unless the user chose one: left to
     itself gloo binds the address its host name resolves to, often 127.0.0.1."""
-    if env.get("GLOO_SOCKET_IFNAME") or ":" in address:
+    if env.get("GLOO_SOCKET_IFNAME"):
         return
-    import fcntl
-    import struct
-
-    siocgifaddr = 0x8915
-    for _, name in socket.if_nameindex():
-        with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_DGRAM)) as sock:
-            request = struct.pack("256s", name.encode()[:15])
-            with contextlib.suppress(OSError):
-                if socket.inet_ntoa(fcntl.ioctl(sock, siocgifaddr, request)[20:24]) == address:
-                    os.environ["GLOO_SOCKET_IFNAME"] = name
-                    return
+    name = interface_of(address)
+    if name is not None:
+        os.environ["GLOO_SOCKET_IFNAME"] = name
 
 
 def _checkpoint_transport(timeout: timedelta, host: str | None) -> Any:

@@ -19,6 +19,7 @@ from accel_state._environment import (
     detect_launch,
     first_slurm_host,
 )
+from accel_state._hosts import address_toward, interface_of
 from accel_state._ops import (
     CannotPadNestedTensorWarning,
     DistributedOperationException,
@@ -69,6 +70,7 @@ __all__ = [
     "RNGType",
     "ReduceOp",
     "Topology",
+    "address_toward",
     "available_backends",
     "broadcast",
     "broadcast_object_list",
@@ -79,6 +81,7 @@ __all__ = [
     "gather",
     "gather_object",
     "honor_type",
+    "interface_of",
     "is_namedtuple",
     "is_torch_tensor",
     "load_rng_file",

@@ -19,16 +19,36 @@ PROBE_SECONDS = 2.0
 _PROBE_PORT = 9
 
 
+def address_toward(host: str) -> str | None:
+    """This machine's address on the route to `host` (a name or an address), asked of the
+    kernel; None when `host` does not resolve or no route leads to it."""
+    with contextlib.suppress(OSError):
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        target = str(infos[0][4][0])
+        family = socket.AF_INET6 if ":" in target else socket.AF_INET
+        with contextlib.closing(socket.socket(family, socket.SOCK_DGRAM)) as sock:
+            sock.connect((target, _PROBE_PORT))
+            return str(sock.getsockname()[0])
+    return None
+
+
+def interface_of(address: str) -> str | None:
+    """The name of this machine's interface that holds `address` (None: none does)."""
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address.split("%")[0] == address for a in addrs):
+            return name
+    return None
+
+
 def host_address() -> str:
     """This machine's address on the route to the main one ($MASTER_ADDR), else the
     address its host name resolves to."""
     main = os.environ.get(ENV_MASTER_ADDR, "")
-    with contextlib.suppress(OSError):
-        if main:
-            family = socket.AF_INET6 if ":" in main else socket.AF_INET
-            with contextlib.closing(socket.socket(family, socket.SOCK_DGRAM)) as sock:
-                sock.connect((main, _PROBE_PORT))
-                return str(sock.getsockname()[0])
+    local = address_toward(main) if main else None
+    if local is not None:
+        return local
     with contextlib.suppress(OSError):
         return socket.gethostbyname(socket.gethostname())
     return socket.gethostname()
