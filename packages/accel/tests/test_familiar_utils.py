@@ -5,6 +5,8 @@ import argparse
 import logging
 import os
 import pickle
+import subprocess
+import sys
 import unittest
 import warnings
 from types import SimpleNamespace
@@ -235,7 +237,20 @@ def test_other_helpers(tmp_path):
 def test_imports_probes():
     assert imports.is_numpy_available() and not imports.is_numpy_available("999.0")
     assert imports.is_tqdm_available() in (True, False)
-    assert imports.USE_TORCH_XLA is False
+
+
+def test_use_torch_xla_reads_the_environment_at_import():
+    code = "import accel.utils.imports as i; print(i.USE_TORCH_XLA)"
+    unset = {k: v for k, v in os.environ.items() if k != "USE_TORCH_XLA"}
+    for value, expected in ((None, "True"), ("0", "False"), ("false", "False"), ("1", "True")):
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            env=unset if value is None else {**unset, "USE_TORCH_XLA": value},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert out.strip() == expected, (value, out)
 
 
 def test_left_out_features_raise_naming_the_alternative():

@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from accel._compat._environment import parse_flag_from_env
+
 
 @functools.cache
 def _installed(name: str) -> bool:
@@ -70,8 +72,9 @@ is_transformer_engine_mxfp8_available = is_transformer_engine_available
 is_neuron_available = _probe("torch_neuronx")
 is_tqdm_available = _probe("tqdm")
 
-# accelerate reads this flag to allow torch_xla; accel never runs on torch_xla.
-USE_TORCH_XLA = False
+# accelerate's switch, read once at import: USE_TORCH_XLA=0 keeps a machine with torch-xla on
+# torch's own devices (the XLA strategy and every probe below read the variable as well).
+USE_TORCH_XLA = parse_flag_from_env("USE_TORCH_XLA", default=True)
 
 
 def is_numpy_available(min_version: str = "1.25.0") -> bool:
