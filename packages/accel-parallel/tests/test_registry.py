@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -186,3 +188,59 @@ def test_sequence_parallel_refuses_what_ulysses_cannot_shard():
         sp.register(model, 1)
     with pytest.raises(ValueError, match="needs the model prepared first"):
         sp.adapt_loader([], CPU)
+
+
+def _fresh(code: str) -> str:
+    """What `code` prints in a new interpreter (the registry as a program starts with it)."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+BUILTINS = ("ddp", "deepspeed", "fault_tolerant", "fsdp", "mesh", "pipeline", "single_device",
+            "xla", "xla_spmd")  # fmt: skip
+STRATEGY_MODULES = ("_ddp", "_deepspeed", "_fault_tolerant", "_fsdp", "_mesh", "_pipeline",
+                    "_single", "_xla")  # fmt: skip
+
+
+def test_importing_the_package_imports_no_engine_and_the_first_read_imports_them_all() -> None:
+    out = _fresh(
+        "import sys, accel_parallel\n"
+        f"engines = [f'accel_parallel.{{m}}' for m in {STRATEGY_MODULES!r}]\n"
+        "settings = ['accel_parallel._megatron', 'accel_parallel._parallelism_config']\n"
+        "print([m for m in engines + settings if m in sys.modules])\n"
+        "print(accel_parallel.registered_strategies())\n"
+        "print([m for m in engines if m not in sys.modules])\n"
+    )
+    assert out.splitlines() == ["[]", repr(BUILTINS), "[]"]
+
+
+def test_a_strategy_registered_before_the_first_read_follows_the_builtins() -> None:
+    """As when importing the package registered every built-in: yours come after them, in
+    your order, and a built-in's name is taken (the same error)."""
+    out = _fresh(
+        "from accel_parallel import register_strategy, registered_strategies\n"
+        "register_strategy('mine', lambda request: None)\n"
+        "register_strategy('yours', lambda request: None, claims=lambda request: 0)\n"
+        "print(registered_strategies())\n"
+        "try:\n"
+        "    register_strategy('fsdp', lambda request: None)\n"
+        "except ValueError as err:\n"
+        "    print(str(err).split(' (')[0])\n"
+    )
+    assert out.splitlines() == [
+        repr((*BUILTINS, "mine", "yours")),
+        "a strategy named 'fsdp' is registered already",
+    ]
+
+
+def test_a_builtin_module_imported_first_keeps_the_builtins_order() -> None:
+    """The order decides ties between equal claims: a built-in module imported on its own
+    before the registry is read does not move its strategy ahead of the others."""
+    out = _fresh(
+        "import accel_parallel._xla, accel_parallel._single\n"
+        "from accel_parallel import register_strategy, registered_strategies\n"
+        "register_strategy('mine', lambda request: None)\n"
+        "print(registered_strategies())\n"
+    )
+    assert out == repr((*BUILTINS, "mine"))

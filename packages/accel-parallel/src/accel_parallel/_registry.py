@@ -10,11 +10,11 @@ a new module that registers; nothing else lists the strategies.
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from accel_parallel._megatron import megatron_settings
-from accel_parallel._parallelism_config import resolve_parallelism_config
 from accel_parallel._strategy import ProcessInfo, Strategy
 
 
@@ -51,9 +51,47 @@ class _Entry:
     name: str
     build: Callable[[StrategyRequest], Strategy]
     claims: Callable[[StrategyRequest], int | None]
+    module: str | None  # where `build` was defined
 
 
 _REGISTRY: dict[str, _Entry] = {}
+# The built-in strategies' modules, in the order their strategies are listed (as when importing
+# the package imported them all, before anything else could register).
+_BUILTIN_MODULES = (
+    "accel_parallel._ddp",
+    "accel_parallel._deepspeed",
+    "accel_parallel._fault_tolerant",
+    "accel_parallel._fsdp",
+    "accel_parallel._mesh",
+    "accel_parallel._pipeline",
+    "accel_parallel._single",
+    "accel_parallel._xla",
+)
+_builtins_loaded = False
+_LOADING = threading.RLock()
+
+
+def _registry() -> dict[str, _Entry]:
+    """The registry, with every built-in strategy in it (their modules imported on the first
+    call)."""
+    if not _builtins_loaded:
+        with _LOADING:
+            if not _builtins_loaded:
+                _load_builtins()
+    return _REGISTRY
+
+
+def _load_builtins() -> None:
+    global _builtins_loaded
+    for module in _BUILTIN_MODULES:
+        importlib.import_module(module)  # each registers its strategies
+    # The built-ins first, in their modules' order, then the others as they came (a built-in
+    # module imported on its own before registered ahead of the rest).
+    rank = {module: i for i, module in enumerate(_BUILTIN_MODULES)}
+    entries = sorted(_REGISTRY.values(), key=lambda entry: rank.get(entry.module, len(rank)))
+    _REGISTRY.clear()
+    _REGISTRY.update((entry.name, entry) for entry in entries)
+    _builtins_loaded = True
 
 
 def register_strategy(
@@ -69,26 +107,31 @@ def register_strategy(
     one device, 10 DDP, 20 an engine the launch configured, 40 an engine plugin given, 50 a
     device mesh, 60 a pipeline). Without `claims`, it runs only when named.
     """
-    known = _REGISTRY.get(name)
+    # A built-in module registers itself as it is imported; anyone else's name is checked
+    # against the built-ins, and follows them, as when they were all registered on import.
+    module = getattr(build, "__module__", None)
+    registry = _REGISTRY if module in _BUILTIN_MODULES else _registry()
+    known = registry.get(name)
     if known is not None and known.build is not build:
         raise ValueError(
             f"a strategy named {name!r} is registered already ({known.build!r}); pick another "
             f"name for {build!r}."
         )
-    _REGISTRY[name] = _Entry(name, build, claims or (lambda request: None))
+    registry[name] = _Entry(name, build, claims or (lambda request: None), module)
 
 
 def registered_strategies() -> tuple[str, ...]:
     """The names of the registered strategies, in the order they were registered."""
-    return tuple(_REGISTRY)
+    return tuple(_registry())
 
 
 def build_strategy(name: str, request: StrategyRequest) -> Strategy:
     """The strategy registered as `name`, built for `request`."""
-    entry = _REGISTRY.get(name)
+    registry = _registry()
+    entry = registry.get(name)
     if entry is None:
         raise ValueError(
-            f"Unknown strategy {name!r}; registered: {list(_REGISTRY)}. Pass one of those, a "
+            f"Unknown strategy {name!r}; registered: {list(registry)}. Pass one of those, a "
             f"Strategy instance, or register yours with accel_parallel.register_strategy."
         )
     return entry.build(request)
@@ -98,7 +141,7 @@ def claimed_strategy(request: StrategyRequest) -> str:
     """The name of the registered strategy with the strongest claim on `request` (the first
     registered among equals)."""
     best: tuple[int, str] | None = None
-    for entry in _REGISTRY.values():
+    for entry in _registry().values():
         strength = entry.claims(request)
         if strength is not None and (best is None or strength > best[0]):
             best = (strength, entry.name)
@@ -160,11 +203,14 @@ def resolve_strategy(
         return ResolvedEngine(strategy, getattr(strategy, "config", None))
     if strategy is not None and not isinstance(strategy, str):
         raise TypeError(
-            f"strategy={strategy!r}: expected a registered name {list(_REGISTRY)} or a "
+            f"strategy={strategy!r}: expected a registered name {list(_registry())} or a "
             f"Strategy instance."
         )
     if fsdp_plugin is not None and deepspeed_plugin is not None:
         raise ValueError("Pass fsdp_plugin or deepspeed_plugin, not both.")
+    from accel_parallel._megatron import megatron_settings
+    from accel_parallel._parallelism_config import resolve_parallelism_config
+
     if parallelism_config is None and torch_tp_plugin is not None:
         parallelism_config = torch_tp_plugin.to_parallelism_config(info.num_processes)
     parallelism_config, fsdp_plugin, clip_norm = megatron_settings(
