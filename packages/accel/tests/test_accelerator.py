@@ -409,7 +409,7 @@ def test_dynamo_errors_name_the_fix() -> None:
 
 
 def test_fp8_settings_from_accel_launch_reach_the_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
-    import accel._accelerator as module
+    import accel_precision
 
     seen = {}
 
@@ -417,7 +417,8 @@ def test_fp8_settings_from_accel_launch_reach_the_recipe(monkeypatch: pytest.Mon
         seen.update(kwargs, mode=mode)
         raise RuntimeError("stop here")
 
-    monkeypatch.setattr(module, "make_precision", fake_make_precision)
+    # the Accelerator imports make_precision when it is made
+    monkeypatch.setattr(accel_precision, "make_precision", fake_make_precision)
     fp8 = {"backend": "te", "margin": 3, "fp8_format": "E4M3", "amax_history_length": 8}
     launched = {"cpu": True, "mixed_precision": "fp8", "fp8_config": fp8}
     monkeypatch.setenv("ACCEL_LAUNCH_CONFIG", json.dumps(launched))

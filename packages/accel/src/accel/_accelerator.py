@@ -14,7 +14,7 @@ import gc
 import os
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -39,21 +39,13 @@ from accel._stopping import StoppingMixin
 from accel._tracking_mixin import TrackingMixin
 from accel._wrappers import AcceleratedOptimizer, AcceleratedScheduler
 from accel_data import DataLoaderConfiguration, skip_first_batches
-from accel_parallel import (
-    JoinsUnevenInputs,
-    ProcessInfo,
-    Strategy,
-    TorchTensorParallelPlugin,
-    XLASpmdStrategy,
-    XLAStrategy,
-    no_sync_all,
-    resolve_strategy,
-    xla_requested,
-    xla_topology,
-)
-from accel_parallel.fault_tolerance import ReplicaGroups
-from accel_precision import FP8RecipeKwargs, make_precision
 from accel_state import DistributedType, ProcessControl, resolved_launch_config
+
+# accel-parallel's and accel-precision's names are imported where they are used: which engine
+# and precision a run takes is decided when an Accelerator is made, and importing every engine
+# with `from accel import Accelerator` would cost what a run that never uses them should not pay.
+if TYPE_CHECKING:
+    from accel_parallel import Strategy, TorchTensorParallelPlugin
 
 _NULL_CONTEXT = contextlib.nullcontext()
 # Where torch's Join applies: DDP over processes (of any device kind; an assigned
@@ -109,6 +101,9 @@ class Accelerator(
         history written when a step runs out of memory; `fault_tolerance`: a
         FaultTolerancePlugin, this run is one of several replica groups that survive each
         other's failures (torchft)."""
+        from accel_parallel import ProcessInfo, resolve_strategy
+        from accel_precision import FP8RecipeKwargs, make_precision
+
         handlers = sort_kwargs_handlers(kwargs_handlers)
         self.state = AcceleratorState(
             cpu=cpu,
@@ -305,6 +300,8 @@ class Accelerator(
             return _NULL_CONTEXT
         if gradient_state.plugin.sync_each_batch:
             return _NULL_CONTEXT
+        from accel_parallel import no_sync_all
+
         return no_sync_all(self.strategy, models)
 
     @contextlib.contextmanager
@@ -323,6 +320,8 @@ class Accelerator(
         DataLoaders' setting for the block (False: each process keeps its own, shorter share,
         as accelerate does); the loaders get their own setting back afterwards.
         """
+        from accel_parallel import JoinsUnevenInputs
+
         joins = isinstance(self.strategy, JoinsUnevenInputs) and self.num_processes > 1
         if not joins or self.distributed_type not in _DATA_PARALLEL_TYPES:
             if self.distributed_type != DistributedType.NO:  # accelerate's warning
@@ -470,6 +469,8 @@ class Accelerator(
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Save and restore these objects (anything with state_dict / load_state_dict)."""
+        from accel_parallel.fault_tolerance import ReplicaGroups
+
         self._checkpointer.register(*objects)
         if isinstance(self.strategy, ReplicaGroups):  # a rejoining group heals them too
             self.strategy.register_for_healing(*objects)
@@ -559,6 +560,8 @@ def _xla_placement(cpu: bool | None, strategy: Any) -> dict[str, Any]:
     strategy names an XLA one, or none is named and an XLA device is there (torch-xla installed,
     PJRT_DEVICE set or a TPU's libtpu; USE_TORCH_XLA=0 opts out). Else nothing: torch_xla is
     not imported."""
+    from accel_parallel import XLASpmdStrategy, XLAStrategy, xla_requested, xla_topology
+
     named = strategy if isinstance(strategy, str) else None
     xla_names = (XLAStrategy.name, XLASpmdStrategy.name)
     if cpu or not (named in xla_names or (strategy is None and xla_requested(os.environ))):

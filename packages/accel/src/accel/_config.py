@@ -3,19 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Iterable
 from typing import Any
-
-from accel_parallel import DistributedDataParallelKwargs
-from accel_precision import (
-    AORecipeKwargs,
-    AutocastKwargs,
-    FP8RecipeKwargs,
-    GradScalerKwargs,
-    TERecipeKwargs,
-)
-from accel_state import InitProcessGroupKwargs
 
 
 @dataclasses.dataclass
@@ -130,26 +121,39 @@ def step_metrics_for(
     return StepMetrics(owner, options or StepMetricsKwargs())
 
 
-_HANDLER_SLOTS: dict[type, str] = {
-    DistributedDataParallelKwargs: "ddp",
-    GradScalerKwargs: "scaler",
-    AutocastKwargs: "autocast",
-    InitProcessGroupKwargs: "init_process_group",
-    FP8RecipeKwargs: "fp8",
-    TERecipeKwargs: "fp8",
-    AORecipeKwargs: "fp8",
-    ProfileKwargs: "profile",
-    StepMetricsKwargs: "step_metrics",
-}
+@functools.cache
+def _handler_slots() -> dict[type, str]:
+    """Each handler type's slot (the packages that own them imported when a handler is given)."""
+    from accel_parallel import DistributedDataParallelKwargs
+    from accel_precision import (
+        AORecipeKwargs,
+        AutocastKwargs,
+        FP8RecipeKwargs,
+        GradScalerKwargs,
+        TERecipeKwargs,
+    )
+    from accel_state import InitProcessGroupKwargs
+
+    return {
+        DistributedDataParallelKwargs: "ddp",
+        GradScalerKwargs: "scaler",
+        AutocastKwargs: "autocast",
+        InitProcessGroupKwargs: "init_process_group",
+        FP8RecipeKwargs: "fp8",
+        TERecipeKwargs: "fp8",
+        AORecipeKwargs: "fp8",
+        ProfileKwargs: "profile",
+        StepMetricsKwargs: "step_metrics",
+    }
 
 
 def sort_kwargs_handlers(handlers: Iterable[Any] | None) -> dict[str, Any]:
     """Map each handler to its slot; two handlers of one kind, or an unknown one, is an error."""
     slots: dict[str, Any] = {}
     for handler in handlers or ():
-        slot = _HANDLER_SLOTS.get(type(handler))
+        slot = _handler_slots().get(type(handler))
         if slot is None:
-            known = sorted(t.__name__ for t in _HANDLER_SLOTS)
+            known = sorted(t.__name__ for t in _handler_slots())
             raise TypeError(f"kwargs_handlers got {handler!r}; accepted types: {known}.")
         if slot in slots:
             raise ValueError(

@@ -8,8 +8,6 @@ from typing import Any
 
 import torch
 
-from accel_parallel import mesh_local_rank
-
 
 class MeshMixin:
     """accelerate's names for the `ParallelismConfig` mesh (see accel_parallel)."""
@@ -27,6 +25,8 @@ class MeshMixin:
         return self.parallelism_config.get_device_mesh(self.device.type)
 
     def _mesh_rank(self, dim: str) -> int:
+        from accel_parallel import mesh_local_rank
+
         return mesh_local_rank(self.parallelism_config, self.torch_device_mesh, dim)
 
     @property

@@ -33,7 +33,7 @@ from accel._checkpoint._load import (
     load_process_state,
     naming_differences,
 )
-from accel._checkpoint._write import marker_meta, model_of, write_checkpoint
+from accel._checkpoint._write import marker_meta, model_of, replica_groups, write_checkpoint
 from accel._io import load_file, read_weights
 from accel_parallel import StagingBuffers, deferred_fsync, parallel_writes, staged_writes
 from accel_parallel.checkpoint import (
@@ -44,7 +44,6 @@ from accel_parallel.checkpoint import (
     scheduler_file,
     staging_path,
 )
-from accel_parallel.fault_tolerance import ReplicaGroups
 
 
 class Checkpointer:
@@ -154,7 +153,7 @@ class Checkpointer:
                 "write to a shared folder."
             )
         target = _naming.save_target(pc, output_dir)
-        if isinstance(self.strategy, ReplicaGroups) and not self.strategy.writes_checkpoints:
+        if replica_groups(self.strategy) and not self.strategy.writes_checkpoints:
             if pc.automatic_checkpoint_naming:  # another replica group writes the same folder
                 pc.iteration += 1
             return os.fspath(target)
@@ -246,7 +245,7 @@ class Checkpointer:
         for i, obj in enumerate(self.custom_objects):
             obj.load_state_dict(load_file(source / custom_file(i), trusted=True))
         load_process_state(self, source, meta, stateful_loaders)
-        if isinstance(self.strategy, ReplicaGroups) and meta and "replica_groups" in meta:
+        if replica_groups(self.strategy) and meta and "replica_groups" in meta:
             self.strategy.load_run_state(meta["replica_groups"])
         _naming.continue_numbering(pc, source)
         return os.fspath(source)

@@ -26,7 +26,6 @@ from accel_parallel.checkpoint import (
     rng_file,
     scheduler_file,
 )
-from accel_parallel.fault_tolerance import ReplicaGroups
 from accel_state import rng_state
 
 if TYPE_CHECKING:
@@ -101,8 +100,16 @@ def marker_meta(ck: Checkpointer) -> dict[str, Any]:
         "mixed_precision": strategy.engine_precision or precision.name,
         "iteration": ck.project_configuration.iteration,
         # replica groups (torchft): the groups' step, which a run restarted whole continues
-        **({"replica_groups": strategy.run_state()} if isinstance(strategy, ReplicaGroups) else {}),
+        **({"replica_groups": strategy.run_state()} if replica_groups(strategy) else {}),
     }
+
+
+def replica_groups(strategy: Any) -> bool:
+    """Whether `strategy` is one of several replica groups (torchft), whose step a checkpoint
+    keeps. The protocol's module is imported here, not at import: few runs have groups."""
+    from accel_parallel.fault_tolerance import ReplicaGroups
+
+    return isinstance(strategy, ReplicaGroups)
 
 
 def mesh_dims(strategy: Any) -> dict[str, int] | None:
