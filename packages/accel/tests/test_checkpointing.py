@@ -354,12 +354,15 @@ def test_async_save_writes_the_state_of_its_moment_and_completes_in_the_backgrou
 
 ASYNC_KILL_SCRIPT = textwrap.dedent(
     """
-    import os, signal, sys, time
+    import os, signal, sys, threading, time
     import torch
     from accel import Accelerator, ProjectConfiguration
 
+    returned = threading.Event()  # set by the loop once save_state has returned
+
     class Boom:
-        def __reduce__(self):  # pickled by the background writer: the process dies there
+        def __reduce__(self):  # pickled by the background writer: the process dies there,
+            returned.wait(30)  # after the loop went on (a blocking save never sets it)
             os.kill(os.getpid(), signal.SIGKILL)
 
     class Holder:
@@ -381,6 +384,7 @@ ASYNC_KILL_SCRIPT = textwrap.dedent(
     acc.register_for_checkpointing(Holder())
     acc.save_state()  # checkpoint_1: returns at once, then the writer kills the process
     print("save_state returned", flush=True)
+    returned.set()
     time.sleep(60)
     """
 )
