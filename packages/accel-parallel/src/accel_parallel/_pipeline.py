@@ -45,6 +45,7 @@ from accel_parallel._pipeline_plan import (
     stage_to_rank,
     stage_units,
 )
+from accel_parallel._pipeline_torch import pipeline_stage, step_keywords
 from accel_parallel._registry import StrategyRequest, register_strategy
 from accel_parallel._strategy import ProcessInfo, Strategy, prepared_with
 from accel_parallel._tp import apply_tensor_parallel
@@ -196,14 +197,13 @@ class PipelineStrategy(OnMeshView, Strategy):
         found = wrapped._schedules.get((key, training, loss))
         if found is not None:
             return found
-        from torch.distributed.pipelining import PipelineStage
         from torch.distributed.pipelining.schedules import get_schedule_class
 
         c = self.config
         group = self._pp().get_group()
         num = c.pp_size * c.pp_virtual_stages
         stages = [
-            PipelineStage(module, i, num, self.device, group=group)
+            pipeline_stage(module, i, num, self.device, group)
             for i, module in sorted(wrapped._stages.items())
         ]
         cls = get_schedule_class(c.pp_schedule)
@@ -264,7 +264,7 @@ class PipelineStrategy(OnMeshView, Strategy):
                 held.applied = loss_fn.scale = self._loss_scale()
             with self._autocast():
                 out = schedule.step(
-                    *feed, target=target, losses=losses, return_outputs=False, **extra
+                    *feed, target=target, losses=losses, **step_keywords(schedule), **extra
                 )
             held.collect()
             wrapped._held = held
