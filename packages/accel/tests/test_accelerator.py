@@ -150,6 +150,49 @@ def test_clip_grad_norm_unscales_once_and_clips() -> None:
     assert total.item() == pytest.approx(0.01, rel=1e-3)
 
 
+def test_a_plain_step_is_the_optimizers_own_and_an_engine_that_owns_a_part_keeps_it() -> None:
+    """A single-process float32 step calls the loss's backward and the optimizer's step and
+    zero_grad directly (decided once); a strategy that overrides any of them, or clips, still
+    runs its own, whether its class or the object itself overrides it."""
+    from accel_parallel import ProcessInfo, SingleDeviceStrategy
+
+    calls: list[str] = []
+
+    class OwnsTheStep(SingleDeviceStrategy):
+        def backward(self, loss, backward_fn, **kwargs):
+            calls.append("backward")
+            super().backward(loss, backward_fn, **kwargs)
+
+        def optimizer_step(self, optimizer, precision):
+            calls.append("step")
+            return super().optimizer_step(optimizer, precision)
+
+    def run(acc: Accelerator) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = make_model()
+        model, opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        data = RegressionData(8)
+        for _ in range(2):
+            acc.backward(loss_of(model, {"x": data.x, "y": data.y}))
+            opt.step()
+            opt.zero_grad()
+        return [p.detach().clone() for p in model.parameters()]
+
+    plain = run(Accelerator(cpu=True))
+    info = ProcessInfo(torch.device("cpu"))
+    owned = run(Accelerator(cpu=True, strategy=OwnsTheStep(info)))
+    assert all(map(torch.equal, owned, plain))  # the same operations, in the same order
+    assert calls == ["backward", "step"] * 2
+    calls.clear()
+    patched = SingleDeviceStrategy(info)
+    patched.zero_grad = lambda optimizer, set_to_none=True: calls.append("zero_grad")
+    run(Accelerator(cpu=True, strategy=patched))
+    assert calls == ["zero_grad"] * 2
+    clipping = SingleDeviceStrategy(info, clip_norm=1e-3)
+    clipped = run(Accelerator(cpu=True, strategy=clipping))
+    assert not any(map(torch.equal, clipped, plain))  # clipped to a 1e-3 norm: smaller steps
+
+
 def test_bf16_autocast_and_unwrap_keeps_or_drops_the_fp32_wrapper() -> None:
     acc = Accelerator(cpu=True, mixed_precision="bf16")
     model = acc.prepare(nn.Linear(4, 4))

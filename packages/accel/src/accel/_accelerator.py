@@ -37,7 +37,7 @@ from accel._mesh_mixin import MeshMixin
 from accel._prepare_mixin import PrepareMixin, devices_of_dispatched
 from accel._stopping import StoppingMixin
 from accel._tracking_mixin import TrackingMixin
-from accel._wrappers import AcceleratedOptimizer, AcceleratedScheduler
+from accel._wrappers import AcceleratedOptimizer, AcceleratedScheduler, runs_base
 from accel_data import DataLoaderConfiguration, skip_first_batches
 from accel_state import DistributedType, ProcessControl, resolved_launch_config
 
@@ -161,6 +161,7 @@ class Accelerator(
             sharded=self.strategy.sharded,
         )
         self.strategy.attach_precision(self.precision)
+        self._plain_backward = _plain_backward(self.strategy, self.precision)
         self.dynamo_plugin = resolve_dynamo_plugin(
             dynamo_backend, dynamo_plugin, launched.get("dynamo_config") or {}
         )
@@ -282,7 +283,10 @@ class Accelerator(
         steps = self.gradient_state.plugin.num_steps  # gradient_accumulation_steps, read once
         if scale and steps > 1:
             loss = loss / steps
-        self.strategy.backward(loss, self.precision.backward, **kwargs)
+        if self._plain_backward:  # what the strategy's and the precision's come down to
+            loss.backward(**kwargs)
+        else:
+            self.strategy.backward(loss, self.precision.backward, **kwargs)
         if self._step_metrics is not None:
             self._step_metrics.backward_done()
         if self._hang_doctor is not None:
@@ -553,6 +557,19 @@ def _autocast_with(precision: Any, handler: Any) -> Iterator[Any]:
             yield ctx
     finally:
         precision.autocast_kwargs = saved
+
+
+def _plain_backward(strategy: Any, precision: Any) -> bool:
+    """Whether the backward is the loss's own: the strategy's default backward (no engine's)
+    and a precision without a loss scaler. Decided once, with the strategy and precision."""
+    from accel_parallel import Strategy
+    from accel_precision import Precision
+
+    return (
+        runs_base(strategy, Strategy, "backward")
+        and precision.scaler is None
+        and runs_base(precision, Precision, "backward")
+    )
 
 
 def _xla_placement(cpu: bool | None, strategy: Any) -> dict[str, Any]:

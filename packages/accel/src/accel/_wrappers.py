@@ -9,9 +9,25 @@ import torch
 from accel._gradient_state import GradientState
 
 
+def runs_base(obj: Any, base: type, *methods: str) -> bool:
+    """Whether `obj` runs `base`'s own `methods` (its class and the object itself override
+    none of them): then a step can skip a layer that would only pass the call on. Asked once,
+    when the objects meet (the strategy and precision of a run are chosen once)."""
+    own = getattr(obj, "__dict__", {})
+    return all(
+        getattr(type(obj), name, None) is getattr(base, name) and name not in own
+        for name in methods
+    )
+
+
 class AcceleratedOptimizer(torch.optim.Optimizer):
     """Wraps the user's optimizer. `step` runs on sync steps only, through the precision
     object (which unscales and skips the step on an fp16 overflow); `zero_grad` likewise."""
+
+    # Whether step / zero_grad may call the optimizer's own directly (see __init__); False, the
+    # layered path, for an object unpickled from before these existed.
+    _plain_step = False
+    _plain_zero_grad = False
 
     def __init__(
         self,
@@ -28,6 +44,20 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.step_was_skipped = False
         self.unscaled = False
         self.step_observer: Any = None  # the Accelerator's StepMetrics when on
+        # Decided once, not per step: with the strategy's default step (and no clipping) and a
+        # precision without a loss scaler, a step is the optimizer's own, and so is zero_grad
+        # with the strategy's default one.
+        from accel_parallel import Strategy
+        from accel_precision import Precision
+
+        default = strategy is None or runs_base(strategy, Strategy, "optimizer_step")
+        self._plain_step = (
+            default
+            and not getattr(strategy, "clip_norm", None)
+            and precision.scaler is None
+            and runs_base(precision, Precision, "step")
+        )
+        self._plain_zero_grad = strategy is None or runs_base(strategy, Strategy, "zero_grad")
 
     @property
     def _is_overflow(self) -> bool:
@@ -75,7 +105,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self.gradient_state.sync_gradients:
-            if self.strategy is None:
+            if self._plain_zero_grad:
                 self.optimizer.zero_grad(set_to_none=set_to_none)
             else:
                 self.strategy.zero_grad(self.optimizer, set_to_none)
@@ -94,7 +124,10 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
                 "optimizer.step(closure) is not supported through prepare(); call the closure "
                 "yourself (loss = closure()) before optimizer.step()."
             )
-        if self.strategy is None:
+        if self._plain_step:  # what the strategy's and the precision's step come down to
+            self.optimizer.step()
+            stepped = True
+        elif self.strategy is None:
             stepped = self.precision.step(self.optimizer)
         else:
             stepped = self.strategy.optimizer_step(self.optimizer, self.precision)
