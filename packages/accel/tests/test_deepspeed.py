@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from accel_state.testing import run_distributed
+from accel_testkit.extensions import torch_extensions_dir
 from accel_testkit.launch import LAUNCHER_VARS, accel_command, worker_env
 from accel_testkit.tolerance import assert_same_training, float32_error, norm_terms
 
@@ -39,9 +40,7 @@ AUTO_CLIP = 1.0  # what gradient_clipping "auto" (a plain DeepSpeedPlugin) clips
 # 2 * lr * d for a change d in the gradients, like SGD's, instead of amplifying the rounding
 # of a near-zero gradient to a step of +-lr (eps=1e-8). See accel_testkit.tolerance.
 ADAM_EPS = 1.0
-EXTENSIONS = os.environ.get("TORCH_EXTENSIONS_DIR") or str(
-    Path.home() / ".cache" / "torch_extensions"
-)
+EXTENSIONS = torch_extensions_dir()
 
 
 class Net(nn.Module):

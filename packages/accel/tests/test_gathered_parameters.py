@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,11 +19,10 @@ import torch
 from torch import nn
 
 from accel_state.testing import run_distributed
+from accel_testkit.extensions import torch_extensions_dir
 
 SHAPES = {"0.weight": [6, 4], "0.bias": [6], "2.weight": [3, 6], "2.bias": [3]}
-EXTENSIONS = os.environ.get("TORCH_EXTENSIONS_DIR") or str(
-    Path.home() / ".cache" / "torch_extensions"
-)
+EXTENSIONS = torch_extensions_dir()
 needs_deepspeed = pytest.mark.skipif(
     importlib.util.find_spec("deepspeed") is None,
     reason="deepspeed is not installed (pip install accel-parallel[deepspeed])",

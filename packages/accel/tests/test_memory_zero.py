@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import os
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from accel_testkit.extensions import torch_extensions_dir
 from accel_testkit.memory import measured_peak
 from accel_testkit.models import Stack
 
@@ -73,11 +72,8 @@ def test_zero_estimates_match_deepspeed_on_two_processes() -> None:
         engines=["zero1", "zero2", "zero3"], offload=[False],
     )  # fmt: skip
     predicted = {int(r.engine[-1]): r.peak_bytes for r in rows}
-    extensions = os.environ.get("TORCH_EXTENSIONS_DIR") or str(
-        Path.home() / ".cache" / "torch_extensions"
-    )
     ranks = run_distributed(
-        _zero_peaks, world_size=2, timeout=600, env={"TORCH_EXTENSIONS_DIR": extensions}
+        _zero_peaks, world_size=2, timeout=600, env={"TORCH_EXTENSIONS_DIR": torch_extensions_dir()}
     )
     for rank, measured in enumerate(ranks):
         for stage, peak in measured.items():
