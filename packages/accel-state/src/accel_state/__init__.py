@@ -53,6 +53,12 @@ from accel_state._state import (
     available_backends,
     resolved_launch_config,
 )
+from accel_state._threads import (
+    declare_shared_state,
+    set_shared_state,
+    split_state_per_thread,
+    state_is_per_thread,
+)
 
 __version__ = "0.1.0"
 
@@ -75,6 +81,7 @@ __all__ = [
     "broadcast",
     "broadcast_object_list",
     "concatenate",
+    "declare_shared_state",
     "detect_launch",
     "find_batch_size",
     "first_slurm_host",
@@ -97,7 +104,10 @@ __all__ = [
     "send_to_device",
     "set_rng_state",
     "set_seed",
+    "set_shared_state",
     "split_range",
+    "split_state_per_thread",
+    "state_is_per_thread",
     "synchronize_rng_state",
     "synchronize_rng_states",
     "wait_for_everyone",

@@ -6,6 +6,7 @@ import dataclasses
 import datetime
 import functools
 import json
+import threading
 import warnings
 from typing import Any, ClassVar
 
@@ -21,6 +22,7 @@ from accel_state._environment import (
     device_override,
     launch_config,
 )
+from accel_state._threads import declare_shared_state, set_shared_state, state_is_per_thread
 
 _KNOWN_BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl", "hccl", "cncl", "mccl")
 
@@ -212,7 +214,8 @@ class PartialState(ProcessControl):
     defaults. Every instance
     shares one topology; it cannot be changed after creation (``PartialState._reset_state()``
     starts over, for tests). Creating the first instance of a multi-process run creates the
-    process group; importing accel-state does nothing.
+    process group; importing accel-state does nothing. Where torch-xla runs a process's
+    replicas as threads, each thread has its own topology and notes (`split_state_per_thread`).
     """
 
     _topology: ClassVar[Topology | None] = None
@@ -243,7 +246,7 @@ class PartialState(ProcessControl):
                 passed = InitProcessGroupKwargs.from_keywords(merged)
             init_process_group_kwargs = passed
         if PartialState._topology is None:
-            PartialState._topology = _build_topology(
+            topology = _build_topology(
                 cpu=cpu,
                 backend=backend,
                 pg_kwargs=init_process_group_kwargs or InitProcessGroupKwargs(),
@@ -252,6 +255,7 @@ class PartialState(ProcessControl):
                 local_process_index=local_process_index,
                 device=device,
             )
+            set_shared_state(PartialState, "_topology", topology)
         else:
             self._check_consistent(cpu=cpu, backend=backend, num_processes=num_processes)
 
@@ -300,8 +304,8 @@ class PartialState(ProcessControl):
     @classmethod
     def _reset_state(cls, destroy_process_group: bool = False) -> None:
         """Forget the topology (tests). Optionally destroy the process group too."""
-        cls._topology = None
-        PartialState._notes = {}
+        set_shared_state(PartialState, "_topology", None)
+        set_shared_state(PartialState, "_notes", {})
         resolved_launch_config.cache_clear()
         if destroy_process_group:
             import torch.distributed as dist
@@ -353,6 +357,10 @@ class PartialState(ProcessControl):
             dist.destroy_process_group()
 
 
+declare_shared_state(PartialState, "_topology", lambda: None)
+declare_shared_state(PartialState, "_notes", dict)
+
+
 def _merge_launch(
     info: LaunchInfo, num_processes: int | None, process_index: int | None, local_index: int | None
 ) -> LaunchInfo:
@@ -402,7 +410,9 @@ def _build_topology(
 
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
+    # Replica threads share their process's group, whose rank is the first thread's: each
+    # thread's rank is its own (given by the caller, from torch-xla's runtime).
+    if dist.is_available() and dist.is_initialized() and not state_is_per_thread():
         # The user (or a framework) made the process group: adopt it.
         info = detect_launch()
         info = dataclasses.replace(info, rank=dist.get_rank(), world_size=dist.get_world_size())
@@ -445,7 +455,7 @@ def _build_topology(
         timeout = pg_kwargs.timeout or default_pg_timeout
         extra["store"] = attempt_store(info, timeout)  # type: ignore[arg-type]
         init_method = None
-    dist.init_process_group(
+    _init_process_group(
         backend=chosen,
         init_method=init_method,
         rank=info.rank,
@@ -453,6 +463,24 @@ def _build_topology(
         **extra,
     )
     return _topology(info, device, chosen)
+
+
+_GROUP_LOCK = threading.Lock()
+
+
+def _init_process_group(**kwargs: Any) -> None:
+    """torch.distributed's default group, one per process: where the replicas are threads
+    (state per thread), the first thread makes it and the others use it. torch-xla's `xla`
+    backend runs each collective on the calling thread's device; `dist.get_rank()` answers
+    the first thread's rank there, each thread's own is its state's `process_index`."""
+    import torch.distributed as dist
+
+    if not state_is_per_thread():
+        dist.init_process_group(**kwargs)
+        return
+    with _GROUP_LOCK:
+        if not dist.is_initialized():
+            dist.init_process_group(**kwargs)
 
 
 def _topology(info: LaunchInfo, device: torch.device, backend: str | None) -> Topology:
