@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from accel_state import DistributedType, PartialState
+from accel_state import DistributedType, PartialState, declare_shared_state, set_shared_state
 
 # What accelerate's AcceleratorState holds in its own record: its `_reset_state()` forgets them
 # (reading one raises until an Accelerator is made again) while the PartialState lives on.
@@ -78,7 +78,8 @@ class AcceleratorState(PartialState):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        AcceleratorState._live = True
+        if not AcceleratorState._live:
+            set_shared_state(AcceleratorState, "_live", True)
 
     device = _forgettable("device")
     num_processes = _forgettable("num_processes")
@@ -186,8 +187,8 @@ class AcceleratorState(PartialState):
 
     @classmethod
     def _record(cls, **choices: Any) -> None:
-        cls._choices = dict(choices)
-        AcceleratorState._live = True
+        set_shared_state(AcceleratorState, "_choices", dict(choices))
+        set_shared_state(AcceleratorState, "_live", True)
 
     @classmethod
     def _reset_state(
@@ -196,8 +197,15 @@ class AcceleratorState(PartialState):
         """Forget the run's choices and what was assigned. As in accelerate, the topology
         (PartialState) stays unless `reset_partial_state=True`; `destroy_process_group=True`
         destroys the process group and so forgets the topology too."""
-        AcceleratorState._choices = {}
-        AcceleratorState._assigned = {}
-        AcceleratorState._live = False
+        set_shared_state(AcceleratorState, "_choices", {})
+        set_shared_state(AcceleratorState, "_assigned", {})
+        set_shared_state(AcceleratorState, "_live", False)
         if reset_partial_state or destroy_process_group:
             PartialState._reset_state(destroy_process_group)
+
+
+# One record per process, or per replica thread where torch-xla runs them as threads
+# (accel_state.split_state_per_thread), as the PartialState's topology.
+declare_shared_state(AcceleratorState, "_choices", dict)
+declare_shared_state(AcceleratorState, "_assigned", dict)
+declare_shared_state(AcceleratorState, "_live", lambda: False)

@@ -6,6 +6,8 @@ import dataclasses
 import weakref
 from typing import Any, ClassVar
 
+from accel_state import declare_shared_state
+
 
 @dataclasses.dataclass
 class GradientAccumulationPlugin:
@@ -39,8 +41,9 @@ class GradientState:
 
     As in accelerate, every instance shares one state, so `GradientState()` anywhere (a
     library, a callback) reads what the running Accelerator decided (`sync_gradients`,
-    `end_of_dataloader`, `num_steps`). Passing a plugin (the Accelerator does) sets the
-    accumulation settings and starts a new count.
+    `end_of_dataloader`, `num_steps`); one per replica thread where torch-xla runs them as
+    threads (accel_state.split_state_per_thread). Passing a plugin (the Accelerator does)
+    sets the accumulation settings and starts a new count.
 
     It is the `iteration_observer` of every prepared dataloader: a loader calls `begin` when an
     iteration over it starts and `end` when it stops, so nested loops (evaluation inside
@@ -172,3 +175,6 @@ class GradientState:
         self.step = int(state["step"])
         self.micro_step = int(state.get("micro_step", self.step))
         self.sync_gradients = bool(state["sync_gradients"])
+
+
+declare_shared_state(GradientState, "_shared_state", dict)
