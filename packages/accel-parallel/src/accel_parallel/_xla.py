@@ -66,13 +66,18 @@ class XLATopology:
     local_process_index: int
     num_devices: int  # the devices this process drives (SPMD: every device of its host)
     spmd: bool
+    # This process runs several replicas as threads, one per device, this one among them
+    # (torch-xla's xmp.spawn where a process has several devices, without SPMD: TPU v2/v3,
+    # XLA's CPU device with CPU_NUM_DEVICES > 1); each thread is then a process to the loop.
+    replica_threads: bool = False
 
 
 def xla_topology(*, spmd: bool = False) -> XLATopology:
     """Start torch-xla's runtime (in SPMD mode when `spmd`) and read this process's place.
 
     With several replicas, torch-xla's `xla` backend of torch.distributed is registered, so the
-    process group (made by accel-state) runs XLA's collectives."""
+    process group (made by accel-state) runs XLA's collectives. Where the replicas are threads
+    of this process, each thread reads its own place (torch-xla keeps the device per thread)."""
     torch_xla = _torch_xla()
     import torch_xla.runtime as xr
 
@@ -89,6 +94,8 @@ def xla_topology(*, spmd: bool = False) -> XLATopology:
         local_process_index=xr.local_ordinal(),
         num_devices=xr.global_runtime_device_count() if spmd else 1,
         spmd=spmd,
+        # replicated over more than one device of this process: xmp.spawn made a thread each
+        replica_threads=world > 1 and not xr.is_spmd() and xr.addressable_device_count() > 1,
     )
 
 

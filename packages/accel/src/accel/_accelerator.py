@@ -576,7 +576,8 @@ def _xla_placement(cpu: bool | None, strategy: Any) -> dict[str, Any]:
     """The topology torch-xla's runtime gives this process, when the run is on XLA: the
     strategy names an XLA one, or none is named and an XLA device is there (torch-xla installed,
     PJRT_DEVICE set or a TPU's libtpu; USE_TORCH_XLA=0 opts out). Else nothing: torch_xla is
-    not imported."""
+    not imported. Where torch-xla runs this process's replicas as threads, the state is split
+    per thread first, so that each thread's Accelerator is its replica's."""
     from accel_parallel import XLASpmdStrategy, XLAStrategy, xla_requested, xla_topology
 
     named = strategy if isinstance(strategy, str) else None
@@ -584,6 +585,10 @@ def _xla_placement(cpu: bool | None, strategy: Any) -> dict[str, Any]:
     if cpu or not (named in xla_names or (strategy is None and xla_requested(os.environ))):
         return {}
     topology = xla_topology(spmd=named == XLASpmdStrategy.name)
+    if topology.replica_threads:  # xmp.spawn's thread per device: each its own state
+        from accel_state import split_state_per_thread
+
+        split_state_per_thread()
     return {
         "device": topology.device,
         "num_processes": topology.num_processes,
