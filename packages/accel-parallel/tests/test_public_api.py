@@ -43,6 +43,7 @@ EXPECTED = [
     "fsync_enabled",
     "fsync_file",
     "megatron_settings",
+    "mend_pipeline_stage",
     "merge_fsdp_weights",
     "mesh_local_rank",
     "no_sync_all",

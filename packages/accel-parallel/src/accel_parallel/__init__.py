@@ -52,6 +52,7 @@ _LAZY = {
     "PipelineStrategy": "accel_parallel._pipeline",
     "PP_SCHEDULES": "accel_parallel._pipeline_plan",
     "balanced_stage_map": "accel_parallel._pipeline_plan",
+    "mend_pipeline_stage": "accel_parallel._pipeline_torch",
     "ResolvedEngine": "accel_parallel._registry",
     "StrategyRequest": "accel_parallel._registry",
     "build_strategy": "accel_parallel._registry",
@@ -116,6 +117,7 @@ if TYPE_CHECKING:
     )
     from accel_parallel._pipeline import PipelinedModel, PipelineOutput, PipelineStrategy
     from accel_parallel._pipeline_plan import PP_SCHEDULES, balanced_stage_map
+    from accel_parallel._pipeline_torch import mend_pipeline_stage
     from accel_parallel._registry import (
         ResolvedEngine,
         StrategyRequest,
@@ -209,6 +211,7 @@ __all__ = [
     "fsync_enabled",
     "fsync_file",
     "megatron_settings",
+    "mend_pipeline_stage",
     "merge_fsdp_weights",
     "mesh_local_rank",
     "no_sync_all",

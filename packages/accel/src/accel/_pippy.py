@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import accel_state
-from accel_parallel import balanced_stage_map
+from accel_parallel import balanced_stage_map, mend_pipeline_stage
 from accel_state import PartialState
 
 
@@ -88,7 +88,7 @@ def build_pipeline(
         mb_kwargs=_first_chunk(dict(kwargs or {}), num_chunks) or None,
         split_spec={point: SplitPoint.BEGINNING for point in split_points},
     )
-    stage = pipe.build_stage(state.process_index, device=state.device)
+    stage = mend_pipeline_stage(pipe.build_stage(state.process_index, device=state.device))
     return ScheduleGPipe(stage, num_chunks)
 
 
