@@ -7,8 +7,11 @@ PartialState behind fails (the state is reset for the next test either way).
 from __future__ import annotations
 
 import compileall
+import contextlib
+import fcntl
 import importlib.util
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -115,3 +118,33 @@ def _no_leaks():
         PartialState._reset_state()
     if problems:
         pytest.fail("test leaked state: " + "; ".join(problems))
+
+
+# -- the machine shared between pytest-xdist's workers (`pytest -n N`, CI) -----------------------
+# A module marked `serial` (hang timeouts, heartbeats, cut links: its verdicts depend on its
+# processes getting the CPU in time) runs alone: its worker takes the machine exclusively, the
+# other workers' modules share it. Two file locks in the workers' common folder: `turn` lets a
+# serial module go ahead of modules that have not started yet (no starving it), `share` is held
+# shared by every running module and exclusively by a serial one. Without xdist: nothing.
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _machine_share(request: pytest.FixtureRequest) -> Iterator[None]:
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    folder = request.getfixturevalue("tmp_path_factory").getbasetemp().parent
+    serial = request.node.get_closest_marker("serial") is not None
+    with open(folder / "machine.turn", "a") as turn, open(folder / "machine.share", "a") as share:
+        fcntl.flock(turn, fcntl.LOCK_EX)
+        if serial:
+            fcntl.flock(share, fcntl.LOCK_EX)  # waits for the running modules to end
+        else:
+            fcntl.flock(share, fcntl.LOCK_SH)
+            fcntl.flock(turn, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                fcntl.flock(share, fcntl.LOCK_UN)
+                fcntl.flock(turn, fcntl.LOCK_UN)

@@ -15,11 +15,14 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 import torch
 from safetensors.torch import load_file
 
 from accel_cli._run import STOPPED_EXIT_CODE
 from accel_testkit.launch import LAUNCHER_VARS, launch_command, worker_env
+
+pytestmark = pytest.mark.serial  # timeouts: runs alone under pytest -n (conftest.py)
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "_resumable_train.py"

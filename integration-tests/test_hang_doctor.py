@@ -14,6 +14,8 @@ import pytest
 from accel_state.hang import DIAGNOSIS_FILE, HANG_EXIT_CODE, REPORT_DIR_NAME
 from accel_testkit.launch import LAUNCHER_VARS, launch_command, worker_env
 
+pytestmark = pytest.mark.serial  # timeouts: runs alone under pytest -n (conftest.py)
+
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "_hang_train.py"
 # Above a loaded machine's first step: DDP's first forward and backward once took over 3 s on

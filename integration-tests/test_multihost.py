@@ -35,7 +35,7 @@ PORT = 29500
 TIMEOUT = 180
 PREFLIGHT_EXIT_CODE = 78  # accel_cli._preflight.PREFLIGHT_EXIT_CODE
 HANG_EXIT_CODE = 86
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ from torch import nn
 from accel_testkit.launch import LAUNCHER_VARS, accel_command, launch_command, worker_env
 from accel_testkit.tolerance import assert_same_training, float32_error
 
-pytestmark = [pytest.mark.needs("torchft", "accel"), pytest.mark.slow]
+pytestmark = [pytest.mark.needs("torchft", "accel"), pytest.mark.slow, pytest.mark.serial]
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "_ft_train.py"

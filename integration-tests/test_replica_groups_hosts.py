@@ -37,7 +37,7 @@ try:
 finally:
     sys.path.remove(str(HERE))
 
-pytestmark = [pytest.mark.needs("torchft", "accel"), pytest.mark.slow]
+pytestmark = [pytest.mark.needs("torchft", "accel"), pytest.mark.slow, pytest.mark.serial]
 
 FT_TIMEOUT = 5  # seconds: a quorum, a collective, a commit (--ft_timeout)
 HEARTBEAT_TIMEOUT = 5  # seconds: the lighthouse drops a silent group (its default)

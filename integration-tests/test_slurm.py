@@ -39,6 +39,8 @@ from accel_cli._run import STOPPED_EXIT_CODE
 from accel_state.testing import free_port
 from accel_testkit.launch import LAUNCHER_VARS, accel_command, launch_command, worker_env
 
+pytestmark = pytest.mark.serial  # timeouts: runs alone under pytest -n (conftest.py)
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 WORKER = HERE / "_slurm_worker.py"

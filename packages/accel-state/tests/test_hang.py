@@ -18,6 +18,8 @@ from accel_state import hang
 from accel_state.hang import HANG_EXIT_CODE, CollectiveRing, HangDoctor, diagnose
 from accel_state.testing import free_port
 
+pytestmark = pytest.mark.serial  # timeouts: runs alone under pytest -n (conftest.py)
+
 WORKER = Path(__file__).with_name("_hang_worker.py")
 GUARD = 60  # seconds: torch import in both ranks, a 2 s timeout, the grace for reports
 

@@ -22,7 +22,7 @@ from torch import nn
 from accel import Accelerator
 from accel_testkit.tolerance import assert_same_training, float32_error
 
-pytestmark = pytest.mark.needs("torchft")
+pytestmark = [pytest.mark.needs("torchft"), pytest.mark.serial]
 
 
 @pytest.fixture
