@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import importlib.util
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -212,6 +213,11 @@ def fake_process_group(world_size: int) -> Iterator[None]:
         from torch._C._distributed_c10d import FakeStore
     except ImportError:  # torch 2.9 has it in Python, beside the fake backend
         FakeStore = fake_pg.FakeStore
+    if importlib.util.find_spec("torch.distributed._meta_registrations") is None:
+        # torch 2.9 registers no Meta kernels for c10d's collectives (later torch does at
+        # import), so tensor parallel's scatter of a fake weight fails: torch's memory tools
+        # register the same ones
+        import torch.distributed._tools.fake_collectives  # noqa: F401
 
     if dist.is_initialized():
         raise RuntimeError(
