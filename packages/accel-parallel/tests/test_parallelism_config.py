@@ -240,3 +240,17 @@ def test_build_device_mesh_slices_by_name_lists_and_checks_a_real_group(monkeypa
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: 4)
     with pytest.raises(ValueError, match="= 8, but the run has 4 processes"):
         ParallelismConfig(dp_shard_size=8).build_device_mesh("cpu")
+
+
+def test_a_mesh_built_again_in_a_new_process_group_flattens_over_its_groups() -> None:
+    """The same degrees built into a mesh in a second process group (the first destroyed, as
+    the memory estimate's traces do) get flattened meshes whose groups exist: torch 2.9 handed
+    back the first mesh's, from a process-wide table keyed by equal meshes."""
+    from accel_parallel import ParallelismConfig
+    from accel_parallel._memory_trace import fake_process_group
+
+    for _ in range(2):
+        with fake_process_group(4):
+            config = ParallelismConfig(tp_size=2, dp_shard_size=2)
+            config.build_device_mesh("cpu")
+            assert config.fsdp_mesh().get_group(0) is not None  # resolves its process group

@@ -331,6 +331,7 @@ class ParallelismConfig:
         mesh = init_device_mesh(device_type, shape, mesh_dim_names=dims)
         if not had_group and dist.is_initialized():
             self.resolved(dist.get_world_size())
+        _forget_flattened(mesh)
         flat = {}
         for name, parts in (
             ("dp", self.dp_dim_names),
@@ -478,3 +479,22 @@ def resolve_parallelism_config(
             )
         config = code
     return None if config is None else config.resolved(world_size)
+
+
+def _forget_flattened(mesh: Any) -> None:
+    """Let a newly built `mesh` flatten its dimensions into meshes of its own.
+
+    torch 2.9 keeps flattened meshes in one process-wide table keyed by meshes that compare
+    equal by shape, names and device, so a mesh built again after the process group was
+    destroyed and made anew (a second trace of `accel_parallel.memory`'s estimate, an
+    Accelerator made after ``end_training`` in the same process) got the first mesh's flattened
+    meshes back, whose groups no longer exist ("Could not resolve the process group registered
+    under the name ..."). Later torch keeps them on each mesh, and has no such table.
+    """
+    from torch.distributed import device_mesh
+
+    resources = getattr(device_mesh, "_mesh_resources", None)
+    for table in ("root_to_flatten_mapping", "flatten_name_to_root_dims"):
+        cached = getattr(resources, table, None)
+        if isinstance(cached, dict):
+            cached.pop(mesh, None)
