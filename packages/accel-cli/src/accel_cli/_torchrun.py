@@ -9,7 +9,8 @@ to requeue it. Here the first SIGTERM is passed on to the workers (as the launch
 torchrun keeps watching them; workers that stop on request return 0, torchrun exits 0, and
 the launcher exits with its stopped code. A second SIGTERM, or `ESCALATE_SIGNAL` (the
 launcher's "stop now"), is torchrun's usual shutdown: SIGTERM to the workers, SIGKILL after
-its grace period, exit 1.
+its grace period, exit 1. (torch 2.9's torchrun takes SIGTERM whatever its signal list says;
+its handler passes it on to this one.)
 
     python -m accel_cli._torchrun <torchrun arguments>
 """
@@ -75,10 +76,30 @@ def without_sigterm(names: str) -> str | None:
     return ",".join(kept) or None
 
 
+def _route_sigterm(handler: _StopRequestHandler) -> None:
+    """torch 2.9's torchrun installs its death-signal handler on SIGTERM whatever its signal
+    list says (it has no --signals-to-handle), replacing ours when it starts the workers: its
+    handler passes SIGTERM on to ours (the other signals are its own as before)."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    death = getattr(api, "_terminate_process_handler", None)
+    if death is None:
+        return
+
+    def route(signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGTERM:
+            handler(signum, frame)
+        else:
+            death(signum, frame)
+
+    api._terminate_process_handler = route
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     handler = _StopRequestHandler()
     signal.signal(signal.SIGTERM, handler)
     signal.signal(ESCALATE_SIGNAL, handler)
+    _route_sigterm(handler)
     names = (
         os.environ.get(ENV_SIGNALS_OPTION)
         or os.environ.get(ENV_SIGNALS_TO_HANDLE)
