@@ -35,6 +35,13 @@ def flows(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], dic
     return result, torch.load(out / "quantized_logits.pt", weights_only=True)
 
 
+def _skip_refused(result: dict[str, Any], kind: str) -> None:
+    """The torchao cells skip where transformers takes no torchao quantization (the flows
+    say why: torch 2.9's torchao is older than transformers' TorchAoConfig takes)."""
+    if kind == "torchao" and result["torchao_refused"]:
+        pytest.skip(result["torchao_refused"])
+
+
 def test_the_flows_ran_on_accel(flows) -> None:
     result, _ = flows
     assert result["accelerate_file"].endswith(os.path.join("accel", "__init__.py"))
@@ -52,6 +59,7 @@ def test_from_pretrained_quantized_device_map_auto_equals_the_library_own_layers
     flows, kind: str, layer: str, weight: str
 ) -> None:
     result, logits = flows
+    _skip_refused(result, kind)
     assert (result[f"{kind}_layer"], result[f"{kind}_weight"]) == (layer, weight)
     assert torch.equal(logits[f"{kind}_auto"], logits[f"{kind}_own"])
     assert not torch.equal(logits[f"{kind}_auto"], logits["full"])  # really quantized
@@ -59,7 +67,8 @@ def test_from_pretrained_quantized_device_map_auto_equals_the_library_own_layers
 
 @pytest.mark.parametrize("kind", ["int8", "nf4", "torchao"])
 def test_a_saved_quantized_model_reloads_to_the_same_outputs(flows, kind: str) -> None:
-    _, logits = flows
+    result, logits = flows
+    _skip_refused(result, kind)
     assert torch.equal(logits[f"{kind}_reloaded"], logits[f"{kind}_auto"])
 
 
