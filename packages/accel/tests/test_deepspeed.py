@@ -129,7 +129,9 @@ def _train(acc: Any, model: Any, opt: Any, loader: Any, steps: int, clip: float 
             if teacher is not None:
                 with torch.no_grad():
                     y = teacher(x).float()
-            acc.backward(nn.functional.mse_loss(model(x), y))  # bf16 output, fp32 target
+            # the loss in float32 (a bf16 engine's output against the fp32 target): torch 2.9's
+            # mse_loss has no backward for a bf16 input and an fp32 target, later torch promotes
+            acc.backward(nn.functional.mse_loss(model(x).float(), y))
             if clip is not None and acc.sync_gradients:
                 norms.append(float(acc.clip_grad_norm_(model.parameters(), clip)))
             if acc.sync_gradients:
