@@ -1,6 +1,7 @@
 """Benchmark accel-bigmodel loading and offloaded inference against raw PyTorch and accelerate.
 
     uv run --frozen --group bench python tools/bench/bench_bigmodel.py [--size-gb 1.5] [--shards 4]
+        [--rounds 5]
 
 Writes a sharded safetensors checkpoint of an MLP stack under /tmp, then runs each case in a
 fresh process (so peak RSS is its own, and the page cache is warm for all of them):
@@ -18,6 +19,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -145,6 +147,8 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--cpu-fraction", type=float, default=0.1, help="max_memory cpu share")
     parser.add_argument("--repeat", type=int, default=5, help="steady-state forwards")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every case this many times, interleaved; medians reported")  # fmt: skip
     parser.add_argument("--case", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -168,19 +172,41 @@ def main() -> None:
         write_checkpoint(folder, args.dim, layers, args.shards)
         print(f"checkpoint: {size / 1e9:.2f} GB, {layers} blocks of dim {args.dim}, "
               f"{args.shards} shards; disk cases keep {args.cpu_fraction:.0%} in RAM")  # fmt: skip
-        results = {}
-        for case in ["raw", "accel", *others[:1], "accel-disk", *others[1:]]:
-            cmd = [sys.executable, __file__, "--case", case, "--folder", folder,
-                   "--size-gb", str(args.size_gb), "--dim", str(args.dim),
-                   "--cpu-fraction", str(args.cpu_fraction), "--repeat", str(args.repeat)]  # fmt: skip
-            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            if proc.returncode:
-                print(f"{case}: failed\n{proc.stderr[-2000:]}")
-                continue
-            results[case] = json.loads(proc.stdout.strip().splitlines()[-1])
+        runs: dict[str, list[dict]] = {}
+        for _ in range(args.rounds):  # interleaved: machine noise hits every case alike
+            for case in ["raw", "accel", *others[:1], "accel-disk", *others[1:]]:
+                cmd = [sys.executable, __file__, "--case", case, "--folder", folder,
+                       "--size-gb", str(args.size_gb), "--dim", str(args.dim),
+                       "--cpu-fraction", str(args.cpu_fraction), "--repeat", str(args.repeat)]  # fmt: skip
+                proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+                if proc.returncode:
+                    print(f"{case}: failed\n{proc.stderr[-2000:]}")
+                    continue
+                runs.setdefault(case, []).append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        results = {case: _median_run(got) for case, got in runs.items()}
         report(results, size)
+        if args.rounds > 1 and "raw" in runs:
+            print(
+                f"\nload+first forward / raw's, per round ({args.rounds} rounds): median (min..max)"
+            )
+            for case, got in runs.items():
+                if case == "raw" or len(got) != len(runs["raw"]):
+                    continue
+                ratios = [a["load_and_first_forward_s"] / b["load_and_first_forward_s"]
+                          for a, b in zip(got, runs["raw"])]  # fmt: skip
+                print(f"  {case:<16}{statistics.median(ratios):.3f}x "
+                      f"({min(ratios):.3f}..{max(ratios):.3f})")  # fmt: skip
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _median_run(got: list[dict]) -> dict:
+    """Each number the median over the rounds (the other fields from the first round)."""
+    out = dict(got[0])
+    for key, value in got[0].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = statistics.median(r[key] for r in got)
+    return out
 
 
 def report(results: dict, size: int) -> None:
