@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
-from typing import Any
 
 import pytest
 import torch
 
 from accel_state import PartialState, state_is_per_thread
 from accel_state._environment import ENV_ACCEL_CONFIG, ENV_TORCH_DEVICE
+from accel_testkit.threads import in_thread
 
 
 @pytest.fixture(autouse=True)
@@ -26,25 +25,17 @@ def _fresh_state(monkeypatch: pytest.MonkeyPatch):
     PartialState._reset_state()
 
 
-def _in_thread(read: Any) -> Any:
-    got: list[Any] = []
-    thread = threading.Thread(target=lambda: got.append(read()))
-    thread.start()
-    thread.join()
-    return got[0]
-
-
 def test_other_threads_of_a_normal_run_see_the_process_state() -> None:
     state = PartialState(cpu=True)
     state.note = "main"
     assert not state_is_per_thread()
-    seen = _in_thread(lambda: (PartialState._topology, PartialState().note, PartialState().device))
+    seen = in_thread(lambda: (PartialState._topology, PartialState().note, PartialState().device))
     assert seen == (state.topology, "main", torch.device("cpu"))
 
     def write() -> None:
         PartialState().other = "thread"
 
-    _in_thread(write)
+    in_thread(write)
     assert state.other == "thread"  # one set of notes for the process
 
 

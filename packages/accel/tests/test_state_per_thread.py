@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 from typing import Any
 
 import pytest
@@ -16,6 +15,7 @@ import pytest
 from accel import Accelerator, AcceleratorState, GradientState, PartialState
 from accel_state import state_is_per_thread
 from accel_testkit.launch import worker_env
+from accel_testkit.threads import in_thread
 
 
 @pytest.fixture(autouse=True)
@@ -23,14 +23,6 @@ def _fresh_state():
     yield
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
-
-
-def _in_thread(read: Any) -> Any:
-    got: list[Any] = []
-    thread = threading.Thread(target=lambda: got.append(read()))
-    thread.start()
-    thread.join()
-    return got[0]
 
 
 def test_a_normal_runs_state_is_seen_from_another_thread() -> None:
@@ -45,7 +37,7 @@ def test_a_normal_runs_state_is_seen_from_another_thread() -> None:
             state.initialized, GradientState().num_steps, AcceleratorState._shared_state,
         )  # fmt: skip
 
-    seen = _in_thread(read)
+    seen = in_thread(read)
     assert seen == (
         accelerator.device, 0, "bf16", "main", True, 3, AcceleratorState._shared_state
     )  # fmt: skip
@@ -53,7 +45,7 @@ def test_a_normal_runs_state_is_seen_from_another_thread() -> None:
     def write() -> None:
         GradientState()._set_sync_gradients(False)
 
-    _in_thread(write)
+    in_thread(write)
     assert not accelerator.sync_gradients  # one gradient state for the process
 
 
