@@ -8,16 +8,9 @@ import pytest
 import torch
 
 from accel_state import DistributedType, PartialState, RNGType, synchronize_rng_state
-from accel_state._environment import ENV_ACCEL_CONFIG, ENV_TORCH_DEVICE, device_override
+from accel_state._environment import ENV_TORCH_DEVICE, device_override
 
-
-@pytest.fixture(autouse=True)
-def _fresh_state(monkeypatch: pytest.MonkeyPatch):
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", ENV_ACCEL_CONFIG, ENV_TORCH_DEVICE):
-        monkeypatch.delenv(name, raising=False)
-    PartialState._reset_state()
-    yield
-    PartialState._reset_state()
+pytestmark = pytest.mark.usefixtures("single_process_state")  # tests/conftest.py
 
 
 def test_a_reset_state_names_the_reset_and_the_fix() -> None:

@@ -12,17 +12,9 @@ import pytest
 import torch
 
 from accel_state import PartialState, state_is_per_thread
-from accel_state._environment import ENV_ACCEL_CONFIG, ENV_TORCH_DEVICE
 from accel_testkit.threads import in_thread
 
-
-@pytest.fixture(autouse=True)
-def _fresh_state(monkeypatch: pytest.MonkeyPatch):
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", ENV_ACCEL_CONFIG, ENV_TORCH_DEVICE):
-        monkeypatch.delenv(name, raising=False)
-    PartialState._reset_state()
-    yield
-    PartialState._reset_state()
+pytestmark = pytest.mark.usefixtures("single_process_state")  # tests/conftest.py
 
 
 def test_other_threads_of_a_normal_run_see_the_process_state() -> None:
