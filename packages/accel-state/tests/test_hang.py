@@ -28,7 +28,7 @@ def test_public_names() -> None:
     assert hang.__all__ == [
         "DIAGNOSIS_FILE", "HANG_EXIT_CODE", "REPORT_DIR_NAME", "CollectiveRecord",
         "CollectiveRing", "HangDoctor", "active_doctor", "diagnose", "load_reports",
-        "process_group_store", "where_in_stack",
+        "process_group_store", "report_path", "where_in_stack",
     ]  # fmt: skip
 
 
@@ -142,6 +142,14 @@ def test_a_step_past_the_timeout_is_reported_without_ending_the_process(tmp_path
     assert hang.active_doctor() is None
 
 
+def _site(name: str) -> str:
+    """`_hang_worker.py:<line>` of the line marked `# site: <name>`."""
+    for number, line in enumerate(WORKER.read_text().splitlines(), start=1):
+        if line.endswith(f"# site: {name}"):
+            return f"{WORKER.name}:{number}"
+    raise AssertionError(f"no line marked {name!r} in {WORKER}")
+
+
 def _run_ranks(scenario: str, folder: Path) -> list[subprocess.CompletedProcess]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
     env.update(WORLD_SIZE="2", MASTER_PORT=str(free_port()))
@@ -175,8 +183,8 @@ def test_two_ranks_calling_different_collectives_end_with_rank_0s_diagnosis(
     rank0, rank1 = _run_ranks("different", tmp_path)
     assert (rank0.returncode, rank1.returncode) == (HANG_EXIT_CODE, HANG_EXIT_CODE)
     assert (
-        "accel hang doctor: rank 1 is in gather #3 (_hang_worker.py:36) while rank 0 is in "
-        "reduce #3 (_hang_worker.py:34)" in rank0.stderr
+        f"accel hang doctor: rank 1 is in gather #3 ({_site('different gather')}) while rank 0 "
+        f"is in reduce #3 ({_site('reduce')})" in rank0.stderr
     ), rank0.stderr
     assert "accel hang doctor" not in rank1.stderr  # one diagnosis, by rank 0
 
@@ -186,5 +194,39 @@ def test_a_killed_rank_is_named_by_the_survivor(tmp_path: Path) -> None:
     assert rank0.returncode == HANG_EXIT_CODE and rank1.returncode == -9
     assert (
         "accel hang doctor: rank 1 wrote no report (the process died or was killed) while "
-        "rank 0 failed in gather #3 (_hang_worker.py:40)" in rank0.stderr
+        f"rank 0 failed in gather #3 ({_site('gather')})" in rank0.stderr
     ), rank0.stderr
+
+
+def test_a_sigterm_during_a_collective_waits_for_its_failure_to_be_reported(
+    tmp_path: Path,
+) -> None:
+    """A launcher SIGTERMs the survivors once one worker died, often before their collective
+    failed on the lost peer: the doctor holds the signal until then, so the survivor still
+    reports what it was waiting for."""
+    rank0, rank1 = _run_ranks("stopped", tmp_path)
+    assert rank0.returncode == HANG_EXIT_CODE and rank1.returncode == -9, rank0.stderr
+    assert (
+        "accel hang doctor: rank 1 wrote no report (the process died or was killed) while "
+        f"rank 0 failed in gather #3 ({_site('gather')})" in rank0.stderr
+    ), rank0.stderr
+
+
+def test_a_sigterm_between_collectives_ends_the_rank_at_once(tmp_path: Path) -> None:
+    rank0, rank1 = _run_ranks("terminated", tmp_path)
+    assert rank0.returncode == -15, rank0.stderr
+    assert rank1.returncode == HANG_EXIT_CODE, rank1.stderr
+    assert "rank 0 wrote no report" in rank1.stderr, rank1.stderr
+
+
+def test_the_doctor_holds_sigterm_only_while_it_watches(tmp_path: Path) -> None:
+    import signal
+
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    doctor = HangDoctor(30, rank=0, world_size=1, folder=tmp_path, exit_process=False)
+    try:
+        doctor.start()
+        assert getattr(signal.getsignal(signal.SIGTERM), "stands_for_default", False)
+    finally:
+        doctor.stop()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL

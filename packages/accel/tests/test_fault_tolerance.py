@@ -108,3 +108,33 @@ def test_a_repeated_stop_signal_after_the_stop_is_agreed_does_not_kill_the_proce
     )
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert "saved and returned" in done.stdout
+
+
+_STOP_UNDER_THE_HANG_DOCTOR = """
+import os, signal
+from accel import Accelerator
+
+acc = Accelerator(cpu=True, hang_timeout=60)
+assert acc._hang_doctor is not None
+assert not acc.should_stop()  # replaces the doctor's SIGTERM handler (the default's stand-in)
+os.kill(os.getpid(), signal.SIGTERM)
+assert acc.should_stop()
+acc.end_training()
+print("stopped on request", flush=True)
+"""
+
+
+def test_should_stop_takes_sigterm_over_from_the_hang_doctor() -> None:
+    """The hang doctor holds SIGTERM's default during collectives; a loop that asks
+    `should_stop()` still gets its stop request instead of the end of the process."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _STOP_UNDER_THE_HANG_DOCTOR],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert "stopped on request" in done.stdout

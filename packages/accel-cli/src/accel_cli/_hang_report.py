@@ -6,7 +6,9 @@ has written its report. The launcher watches the note while the run goes on: whe
 written, it reads every rank's report (accel_state.hang, imported only then, so the launcher
 does not import torch on its way in), prints one diagnosis naming the first divergence
 between ranks, and empties the note for the next one (torchrun may restart the workers,
-`--max_restarts`, and a restarted worker clears the old reports). The launcher exits with
+`--max_restarts`, and a restarted worker clears the old reports). A rank that heard from
+no other rank within its grace period probes their machines and writes the note again: the
+launcher then rewrites the diagnosis, and prints it again only if it changed. The launcher exits with
 `HANG_EXIT_CODE` after a diagnosed hang, unless the restarted run finished (exit code 0).
 """
 
@@ -45,6 +47,7 @@ class HangWatch:
     def __init__(self, note: Path | None, world_size: int) -> None:
         self.note, self.world_size = note, world_size
         self.diagnosed = 0
+        self._last: tuple[str, str] | None = None  # (folder, diagnosis) last printed
 
     def poll(self, *, final: bool = False) -> None:
         """Print the diagnosis of a hang the workers reported since the last poll, once the
@@ -52,6 +55,7 @@ class HangWatch:
         stops), or at once when the run has ended (`final`)."""
         if self.note is None:
             return
+        self._forget_cleared_reports()
         try:
             folder = self.note.read_text().strip()
             quiet = time.time() - self.note.stat().st_mtime
@@ -68,8 +72,22 @@ class HangWatch:
             reports = load_reports(folder, max(sizes))
         text = diagnose(reports)
         Path(folder, DIAGNOSIS_FILE).write_text(text + "\n")
+        if self._last == (folder, text):
+            return  # the same hang, its note written again after the probes
         print(f"\n{text}\n  reports: {folder}", file=sys.stderr, flush=True)
+        self._last = (folder, text)
         self.diagnosed += 1
+
+    def _forget_cleared_reports(self) -> None:
+        """A restarted worker clears the reports of the last hang: a later note is a new hang
+        even where its diagnosis reads the same."""
+        if self._last is None:
+            return
+        from accel_state.hang import report_path
+
+        folder = self._last[0]
+        if not any(report_path(folder, r).exists() for r in range(self.world_size)):
+            self._last = None
 
     def finish(self, code: int) -> int:
         """The launcher's exit code once the run ended with `code`."""

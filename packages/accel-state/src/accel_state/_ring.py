@@ -105,6 +105,8 @@ class CollectiveRing:
 
     `on_error(record, error)`, when set, is called when a collective raises an error of
     torch.distributed (a peer that died, a broken connection) before the error propagates.
+    `in_call` is true from the start of a collective until it returned or its error was
+    handled; `on_settled()`, when set, is called at that point.
     """
 
     def __init__(self, size: int = 64) -> None:
@@ -114,6 +116,12 @@ class CollectiveRing:
         self.count = 0  # collectives entered so far; the next one is number count + 1
         self.current: CollectiveRecord | None = None
         self.on_error: Callable[[CollectiveRecord, BaseException], None] | None = None
+        self.on_settled: Callable[[], None] | None = None
+        self._depth = 0  # collectives running through run() (one, unless a call nests)
+
+    @property
+    def in_call(self) -> bool:
+        return self._depth > 0
 
     def enter(self, op: str, data: Any = None, frame: Any = None) -> CollectiveRecord:
         """Number and record a collective that starts now, called from `frame`."""
@@ -136,6 +144,7 @@ class CollectiveRing:
     def run(self, op: str, data: Any, call: Callable[[], Any]) -> Any:
         """`call()` recorded as collective `op` over `data`."""
         record = self.enter(op, data, sys._getframe(2))
+        self._depth += 1
         try:
             out = call()
         except BaseException as err:
@@ -143,8 +152,13 @@ class CollectiveRing:
             if self.on_error is not None and _is_distributed_error(err):
                 self.on_error(record, err)
             raise
-        self.leave(record)
-        return out
+        else:
+            self.leave(record)
+            return out
+        finally:
+            self._depth -= 1
+            if not self._depth and self.on_settled is not None:
+                self.on_settled()
 
     def to_list(self) -> list[dict[str, Any]]:
         return [r.to_dict() for r in list(self.entries)]

@@ -46,6 +46,38 @@ def active_doctor() -> HangDoctor | None:
     return _ACTIVE
 
 
+def _sigterm_while_watched(_signum: int, _frame: Any) -> None:
+    """SIGTERM's default action (the end of the process), held while a collective runs.
+
+    A launcher ends every worker with SIGTERM as soon as one of them exits. When a rank is
+    killed, the others are in a collective that is about to fail on the lost peer, and that
+    failure is what their reports name; ended first by SIGTERM, they would write none. So a
+    SIGTERM that arrives during a collective takes effect once it returned (a failure is
+    reported, and the report ends the process); at any other time it ends the process at
+    once, as it would without the doctor."""
+    doctor = _ACTIVE
+    if doctor is not None:
+        if doctor._fired.locked() and doctor.exit_process:
+            return  # a report is being written, and it ends the process
+        if doctor.ring.in_call:
+            doctor._sigterm_pending = True
+            return
+    _terminate_by_sigterm()
+
+
+# accel's stop handlers (Accelerator.should_stop) replace it as they replace the default
+_sigterm_while_watched.stands_for_default = True  # type: ignore[attr-defined]
+
+
+def _terminate_by_sigterm() -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _on_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
 class HangDoctor:
     """Watch this rank's steps and collectives; on a hang, report and end the job.
 
@@ -76,6 +108,8 @@ class HangDoctor:
         self.store, self.notify = store, notify
         self.ring = _ring.CollectiveRing(ring_size)
         self.ring.on_error = self._collective_failed
+        self.ring.on_settled = self._collective_settled
+        self._sigterm_pending = False
         self.exit_process = exit_process
         self.last_beat = time.monotonic()  # the first step is timed from the start
         self.tick = min(0.25, self.timeout / 8)
@@ -106,6 +140,8 @@ class HangDoctor:
                 self.store.set(f"{HOST_KEY}/{self.rank}", self.host)
             except Exception:  # the notice file still works without the store
                 self.store = None
+        if _on_main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _sigterm_while_watched)
         self.beat()
         self._thread = threading.Thread(target=self._watch, name="accel-hang-doctor", daemon=True)
         self._thread.start()
@@ -115,6 +151,8 @@ class HangDoctor:
         """Stop watching (the end of training); collectives are no longer recorded."""
         global _ACTIVE
         self._stop.set()
+        if _on_main_thread() and signal.getsignal(signal.SIGTERM) is _sigterm_while_watched:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
         while self.hooks:
             self.hooks.pop().remove()
         if _ring.ACTIVE is self.ring:
@@ -168,6 +206,14 @@ class HangDoctor:
         if note is None and (self.folder / NOTICE_FILE).exists():
             note = (self.folder / NOTICE_FILE).read_text() or "another rank"
         return None if note is None else f"stopped by {note}"
+
+    def _collective_settled(self) -> None:
+        """A collective returned (or its failure was handled): a SIGTERM held during it
+        takes effect now, unless a report is ending the process."""
+        if not self._sigterm_pending or (self._fired.locked() and self.exit_process):
+            return
+        self._sigterm_pending = False
+        _terminate_by_sigterm()
 
     def _collective_failed(self, record: _ring.CollectiveRecord, error: BaseException) -> None:
         self.report_and_exit(

@@ -21,6 +21,7 @@ from accel_state._diagnosis import (
     REPORT_DIR_NAME,
     diagnose,
     load_reports,
+    report_path,
     where_in_stack,
 )
 from accel_state._ring import CollectiveRecord, CollectiveRing
@@ -42,5 +43,6 @@ __all__ = [
     "diagnose",
     "load_reports",
     "process_group_store",
+    "report_path",
     "where_in_stack",
 ]

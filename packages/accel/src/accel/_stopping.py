@@ -43,7 +43,11 @@ def install_stop_handlers() -> None:
     if _installed or threading.current_thread() is not threading.main_thread():
         return
     for sig in STOP_SIGNALS:
-        if signal.getsignal(sig) in (signal.SIG_DFL, signal.SIG_IGN, None):
+        current = signal.getsignal(sig)
+        # the hang doctor's SIGTERM handler is the default held during collectives
+        if current in (signal.SIG_DFL, signal.SIG_IGN, None) or getattr(
+            current, "stands_for_default", False
+        ):
             signal.signal(sig, _on_stop_signal)
     _installed = True
 
