@@ -45,13 +45,17 @@ def test_fast_subset_of_accelerates_suite_passes_on_accel() -> None:
     assert passed >= 100, summary[0]  # the fast files hold well over 100 passing tests
 
 
-# Scripts that cover the state, collectives, gradient sync, notebook_launcher and metrics
-# gathering in a few minutes; the others run with `run_accelerate_suite.py --scripts`.
+# Scripts that cover the state, collectives, gradient sync and metrics gathering in a few
+# minutes; the others run with `run_accelerate_suite.py --scripts`. Not test_notebook.py: its
+# test_fault_tolerant shares a multiprocessing Queue between workers that torch's launcher
+# ends with SIGTERM, and a worker ended while it held the queue's lock leaves the next
+# attempt's get() waiting for ever: it hung until the 300 s limit in 1 of 4 launches on
+# accelerate itself and in 1 of 4 on accel (2 processes). accel's notebook_launcher, restarts
+# included, is tested by packages/accel/tests/test_familiar_scripts.py.
 QUICK_SCRIPTS = (
     "test_ops.py",
     "test_sync.py",
     "test_script.py",
-    "test_notebook.py",
     "external_deps/test_metrics.py",
 )
 
