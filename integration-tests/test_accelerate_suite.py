@@ -21,10 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "tools" / "compat" / "run_accelerate_suite.py"
 
-# serial: on the torch 2.9 lane, under pytest -n 3, accelerate's external_deps/test_metrics.py on
-# 2 processes once hung in its drop_last part until the runner's 300 s limit (it passed alone,
-# and in every other run); cause not found, the file runs alone until it is
-pytestmark = [pytest.mark.slow, pytest.mark.serial]
+pytestmark = pytest.mark.slow
 
 
 def test_fast_subset_of_accelerates_suite_passes_on_accel() -> None:
