@@ -6,6 +6,7 @@ import dataclasses
 import datetime
 import functools
 import json
+import sys
 import threading
 import warnings
 from typing import Any, ClassVar
@@ -477,10 +478,40 @@ def _init_process_group(**kwargs: Any) -> None:
 
     if not state_is_per_thread():
         dist.init_process_group(**kwargs)
+        _close_group_at_exit()
         return
     with _GROUP_LOCK:
         if not dist.is_initialized():
             dist.init_process_group(**kwargs)
+
+
+_EXIT_HOOK = {"registered": False}
+
+
+def _close_group_at_exit() -> None:
+    """Destroy a gloo default group at a normal interpreter exit (once registered per process).
+
+    A script that never calls `end_training()` leaves gloo's worker threads running into the
+    interpreter's finalization, where the process can end with "terminate called without an
+    active exception" (SIGABRT): a finished worker reported failed, and torchrun restarted it
+    (seen in an elastic run on two hosts). Destroyed here while the interpreter is whole, the
+    group stops cleanly. Not after an uncaught exception (the peers may still be in a
+    collective with this process), and not for NCCL, whose teardown is left to the program."""
+    if _EXIT_HOOK["registered"]:
+        return
+    import atexit
+
+    atexit.register(_destroy_gloo_group)
+    _EXIT_HOOK["registered"] = True
+
+
+def _destroy_gloo_group() -> None:
+    import torch.distributed as dist
+
+    if getattr(sys, "last_value", None) is not None:  # an uncaught exception ends the run
+        return
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo":
+        dist.destroy_process_group()
 
 
 def _topology(info: LaunchInfo, device: torch.device, backend: str | None) -> Topology:
