@@ -17,15 +17,22 @@ def _report(folder: Path, rank: int, reason: str) -> None:
     doctor.write_report(reason)  # not started: no watchdog, no signal handler
 
 
-def test_a_note_written_again_for_the_same_hang_is_printed_once(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def _first_diagnosis(tmp_path: Path) -> tuple[HangWatch, Path, Path]:
+    """A watch that printed rank 0's report of a hang (rank 1 wrote none): it, the report
+    folder and the note."""
     folder, note = tmp_path / "hang_report", tmp_path / "note"
     folder.mkdir()
     watch = HangWatch(note, world_size=2)
     _report(folder, 0, "rank 0: a step took more than 30s")
     note.write_text(str(folder))
     watch.poll(final=True)
+    return watch, folder, note
+
+
+def test_a_note_written_again_for_the_same_hang_is_printed_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    watch, folder, note = _first_diagnosis(tmp_path)
     first = capsys.readouterr().err
     assert "accel hang doctor: rank 1 wrote no report" in first, first
 
@@ -47,12 +54,7 @@ def test_a_note_written_again_for_the_same_hang_is_printed_once(
 def test_a_diagnosis_that_changed_is_printed_again(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    folder, note = tmp_path / "hang_report", tmp_path / "note"
-    folder.mkdir()
-    watch = HangWatch(note, world_size=2)
-    _report(folder, 0, "rank 0: a step took more than 30s")
-    note.write_text(str(folder))
-    watch.poll(final=True)
+    watch, folder, note = _first_diagnosis(tmp_path)
     _report(folder, 1, "stopped by rank 0")  # rank 1's report came after all
     note.write_text(str(folder))
     watch.poll(final=True)

@@ -5,10 +5,10 @@ end a hang with rank 0's diagnosis and HANG_EXIT_CODE within about twice the tim
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,11 +16,11 @@ import torch
 
 from accel_state import hang
 from accel_state.hang import HANG_EXIT_CODE, CollectiveRing, HangDoctor, diagnose
-from accel_state.testing import free_port
 
 pytestmark = pytest.mark.serial  # timeouts: runs alone under pytest -n (conftest.py)
 
 WORKER = Path(__file__).with_name("_hang_worker.py")
+RanksRunner = Callable[..., list[subprocess.CompletedProcess]]  # conftest.py's run_ranks
 GUARD = 60  # seconds: torch import in both ranks, a 2 s timeout, the grace for reports
 
 
@@ -126,7 +126,9 @@ def test_diagnose_names_a_lost_machine_by_what_the_probes_found() -> None:
     assert "rank 1 wrote no report (the process died or was killed)" in text
 
 
-def test_a_step_past_the_timeout_is_reported_without_ending_the_process(tmp_path: Path) -> None:
+def test_a_step_past_the_timeout_is_reported_without_ending_the_process(
+    tmp_path: Path, run_ranks: RanksRunner
+) -> None:
     doctor = HangDoctor(0.3, rank=0, world_size=1, folder=tmp_path, exit_process=False).start()
     try:
         deadline = time.monotonic() + 10
@@ -150,37 +152,17 @@ def _site(name: str) -> str:
     raise AssertionError(f"no line marked {name!r} in {WORKER}")
 
 
-def _run_ranks(scenario: str, folder: Path) -> list[subprocess.CompletedProcess]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
-    env.update(WORLD_SIZE="2", MASTER_PORT=str(free_port()))
-    for name in [k for k in env if k.startswith("ACCEL_")]:
-        del env[name]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), scenario, str(folder)],
-            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    out = []
-    for proc in procs:
-        try:
-            stdout, stderr = proc.communicate(timeout=GUARD)
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            raise
-        out.append(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
-    return out
+def _run_scenario(
+    run_ranks: RanksRunner, scenario: str, folder: Path
+) -> list[subprocess.CompletedProcess]:
+    return run_ranks([sys.executable, str(WORKER), scenario, str(folder)], timeout=GUARD)
 
 
 def test_two_ranks_calling_different_collectives_end_with_rank_0s_diagnosis(
     tmp_path: Path,
+    run_ranks: RanksRunner,
 ) -> None:
-    rank0, rank1 = _run_ranks("different", tmp_path)
+    rank0, rank1 = _run_scenario(run_ranks, "different", tmp_path)
     assert (rank0.returncode, rank1.returncode) == (HANG_EXIT_CODE, HANG_EXIT_CODE)
     assert (
         f"accel hang doctor: rank 1 is in gather #3 ({_site('different gather')}) while rank 0 "
@@ -189,8 +171,8 @@ def test_two_ranks_calling_different_collectives_end_with_rank_0s_diagnosis(
     assert "accel hang doctor" not in rank1.stderr  # one diagnosis, by rank 0
 
 
-def test_a_killed_rank_is_named_by_the_survivor(tmp_path: Path) -> None:
-    rank0, rank1 = _run_ranks("killed", tmp_path)
+def test_a_killed_rank_is_named_by_the_survivor(tmp_path: Path, run_ranks: RanksRunner) -> None:
+    rank0, rank1 = _run_scenario(run_ranks, "killed", tmp_path)
     assert rank0.returncode == HANG_EXIT_CODE and rank1.returncode == -9
     assert (
         "accel hang doctor: rank 1 wrote no report (the process died or was killed) while "
@@ -200,11 +182,12 @@ def test_a_killed_rank_is_named_by_the_survivor(tmp_path: Path) -> None:
 
 def test_a_sigterm_during_a_collective_waits_for_its_failure_to_be_reported(
     tmp_path: Path,
+    run_ranks: RanksRunner,
 ) -> None:
     """A launcher SIGTERMs the survivors once one worker died, often before their collective
     failed on the lost peer: the doctor holds the signal until then, so the survivor still
     reports what it was waiting for."""
-    rank0, rank1 = _run_ranks("stopped", tmp_path)
+    rank0, rank1 = _run_scenario(run_ranks, "stopped", tmp_path)
     assert rank0.returncode == HANG_EXIT_CODE and rank1.returncode == -9, rank0.stderr
     assert (
         "accel hang doctor: rank 1 wrote no report (the process died or was killed) while "
@@ -212,8 +195,10 @@ def test_a_sigterm_during_a_collective_waits_for_its_failure_to_be_reported(
     ), rank0.stderr
 
 
-def test_a_sigterm_between_collectives_ends_the_rank_at_once(tmp_path: Path) -> None:
-    rank0, rank1 = _run_ranks("terminated", tmp_path)
+def test_a_sigterm_between_collectives_ends_the_rank_at_once(
+    tmp_path: Path, run_ranks: RanksRunner
+) -> None:
+    rank0, rank1 = _run_scenario(run_ranks, "terminated", tmp_path)
     assert rank0.returncode == -15, rank0.stderr
     assert rank1.returncode == HANG_EXIT_CODE, rank1.stderr
     assert "rank 0 wrote no report" in rank1.stderr, rank1.stderr

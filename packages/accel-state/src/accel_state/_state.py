@@ -485,9 +485,7 @@ def _init_process_group(**kwargs: Any) -> None:
             dist.init_process_group(**kwargs)
 
 
-_EXIT_HOOK = {"registered": False}
-
-
+@functools.cache
 def _close_group_at_exit() -> None:
     """Destroy a gloo default group at a normal interpreter exit (once registered per process).
 
@@ -497,12 +495,9 @@ def _close_group_at_exit() -> None:
     (seen in an elastic run on two hosts). Destroyed here while the interpreter is whole, the
     group stops cleanly. Not after an uncaught exception (the peers may still be in a
     collective with this process), and not for NCCL, whose teardown is left to the program."""
-    if _EXIT_HOOK["registered"]:
-        return
     import atexit
 
     atexit.register(_destroy_gloo_group)
-    _EXIT_HOOK["registered"] = True
 
 
 def _destroy_gloo_group() -> None:

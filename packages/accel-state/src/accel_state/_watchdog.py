@@ -57,8 +57,8 @@ def _sigterm_while_watched(_signum: int, _frame: Any) -> None:
     once, as it would without the doctor."""
     doctor = _ACTIVE
     if doctor is not None:
-        if doctor._fired.locked() and doctor.exit_process:
-            return  # a report is being written, and it ends the process
+        if doctor._report_ends_process():
+            return
         if doctor.ring.in_call:
             doctor._sigterm_pending = True
             return
@@ -207,10 +207,14 @@ class HangDoctor:
             note = (self.folder / NOTICE_FILE).read_text() or "another rank"
         return None if note is None else f"stopped by {note}"
 
+    def _report_ends_process(self) -> bool:
+        """A report is being written, and it ends the process (a held SIGTERM is not needed)."""
+        return self._fired.locked() and self.exit_process
+
     def _collective_settled(self) -> None:
         """A collective returned (or its failure was handled): a SIGTERM held during it
         takes effect now, unless a report is ending the process."""
-        if not self._sigterm_pending or (self._fired.locked() and self.exit_process):
+        if not self._sigterm_pending or self._report_ends_process():
             return
         self._sigterm_pending = False
         _terminate_by_sigterm()
