@@ -167,6 +167,23 @@ def test_max_memory_devices_and_strings_are_validated():
     assert measured["cpu"] > 0 and len(measured) == torch.cuda.device_count() + 1
 
 
+def test_available_host_memory_reads_memavailable_and_falls_back_to_psutil(tmp_path, monkeypatch):
+    from accel_bigmodel._sizes import available_host_memory
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24684120 kB\nMemAvailable:   23922340 kB\nCached: 1 kB\n")
+    assert available_host_memory(str(meminfo)) == 23922340 * 1024
+    import psutil
+
+    class Answer:
+        available = 12345
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: Answer)
+    meminfo.write_text("MemTotal:       24684120 kB\n")  # a kernel without the line
+    assert available_host_memory(str(meminfo)) == 12345
+    assert available_host_memory(str(tmp_path / "absent")) == 12345  # not Linux
+
+
 def test_max_memory_accepts_int_float_and_str_on_every_path(kit):
     with init_empty_weights():
         model = kit.TinyLM()

@@ -29,7 +29,7 @@ from accel_bigmodel._placer import Placer
 from accel_bigmodel._progress import Progress
 from accel_bigmodel._read_ahead import warm_page_cache
 from accel_bigmodel._reader import CheckpointReader, as_reader
-from accel_bigmodel._sizes import Device, _as_dtype, normalize_device
+from accel_bigmodel._sizes import Device, _as_dtype, available_host_memory, normalize_device
 from accel_bigmodel._sources import (
     load_accel,
     load_fastsafetensors,
@@ -221,9 +221,7 @@ def _within_free_memory(ranges: list[tuple[str, int, int]]) -> list[tuple[str, i
     """The leading ranges whose total fits in half the memory free now (a cache hint only)."""
     if not ranges:
         return []
-    import psutil
-
-    room, kept = psutil.virtual_memory().available // 2, []
+    room, kept = available_host_memory() // 2, []
     for path, offset, nbytes in ranges:
         if nbytes > room:
             break

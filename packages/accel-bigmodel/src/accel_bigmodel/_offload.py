@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import mmap
 import os
 from collections.abc import Iterator, Mapping
 
@@ -115,10 +116,14 @@ def safetensors_entries(path: str | os.PathLike) -> dict[str, dict]:
 
 
 class MappedFiles:
-    """Memory maps of whole files, made once each, handing out tensor views."""
+    """Private (copy-on-write) maps of whole files, made once each, handing out tensor views.
+
+    The maps are Python `mmap`s, as `_fault_in` makes them for tensors kept in host memory, so a
+    block left on disk and a block kept in memory view their pages alike.
+    """
 
     def __init__(self) -> None:
-        self._maps: dict[str, torch.Tensor] = {}
+        self._maps: dict[str, mmap.mmap | None] = {}
 
     def tensor(self, path: str, offset: int, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
         numel = 1
@@ -126,22 +131,28 @@ class MappedFiles:
             numel *= dim
         if numel == 0:
             return torch.empty(shape, dtype=dtype)
-        data = self._maps.get(path)
-        if data is None:
-            size = os.path.getsize(path)
-            data = torch.from_file(path, shared=False, size=size, dtype=torch.uint8)
-            self._maps[path] = data
-        itemsize = torch.empty((), dtype=dtype, device="meta").element_size()
+        if path not in self._maps:
+            self._maps[path] = _map(path)
+        data = self._maps[path]
+        itemsize = dtype.itemsize
         nbytes = numel * itemsize
-        if offset + nbytes > data.numel():
+        if data is None or offset + nbytes > len(data):
             raise ValueError(f"{path} is truncated: {nbytes} bytes at {offset} are past its end.")
-        raw = data[offset : offset + nbytes]
         if offset % itemsize:  # a view needs aligned bytes; copy the rare unaligned one
-            raw = raw.clone()
-        return raw.view(dtype).view(shape)
+            raw = torch.frombuffer(data, dtype=torch.uint8, count=nbytes, offset=offset)
+            return raw.clone().view(dtype).view(shape)
+        return torch.frombuffer(data, dtype=dtype, count=numel, offset=offset).view(shape)
 
     def clear(self) -> None:
         self._maps.clear()
+
+
+def _map(path: str) -> mmap.mmap | None:
+    """A private map of `path` (None when it is empty)."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return None
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
 
 
 class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
