@@ -61,3 +61,25 @@ def test_a_diagnosis_that_changed_is_printed_again(
     err = capsys.readouterr().err
     assert err.count("accel hang doctor:") == 2, err
     assert watch.diagnosed == 2
+
+
+def test_the_launch_removes_its_note_when_it_ends_in_an_error(tmp_path, monkeypatch):
+    import tempfile
+
+    from accel_cli._commands import launch
+    from accel_cli.main import main
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where mkstemp puts the note
+    script = tmp_path / "train.py"
+    script.write_text("")
+    handed: list[str] = []
+
+    def interrupted(cmd, env, **_):
+        handed.append(env["ACCEL_LAUNCH_CONFIG"])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launch, "run_child", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        main(["launch", "--cpu", "--hang_timeout", "30", str(script)])
+    assert handed and "hang_report_note" in handed[0]  # the note was made for this launch
+    assert not list(tmp_path.glob("accel-hang-*.note"))

@@ -134,8 +134,12 @@ def run(args: argparse.Namespace) -> int:
     if note is not None:
         env = {**build_env(config, os.environ, cpu_cores=cores), **extra_env}
     watch = HangWatch(note, config.num_processes)
-    code = run_child(cmd, env, through_torchrun=torchrun, on_poll=watch.poll)
-    return watch.finish(code)
+    try:
+        code = run_child(cmd, env, through_torchrun=torchrun, on_poll=watch.poll)
+        return watch.finish(code)
+    finally:
+        if note is not None:  # also when the launch ends in an error
+            note.unlink(missing_ok=True)
 
 
 def _print_dry_run(
