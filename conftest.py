@@ -44,9 +44,14 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """On XLA's CPU device (CI's torch-xla lane), start torch-xla's runtime before any test
+    """Under pytest -n the workers' collection order is the order of the run
+    (`_serial_modules_first`): xdist must not sort the modules again.
+
+    On XLA's CPU device (CI's torch-xla lane), start torch-xla's runtime before any test
     runs a backward: torch's autograd engine sizes its per-device queues at the first backward
     of the process, and an XLA device that appears after that fails every XLA backward."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
     if os.environ.get("PJRT_DEVICE") == "CPU" and importlib.util.find_spec("torch_xla"):
         import torch_xla
         import torch_xla.runtime as xr
@@ -58,6 +63,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _serial_modules_first(config, items)
     try:
         import torch
     except ImportError:  # a package installed alone without torch (accel-tracking): no GPU
@@ -126,6 +132,27 @@ def _no_leaks():
 # other workers' modules share it. Two file locks in the workers' common folder: `turn` lets a
 # serial module go ahead of modules that have not started yet (no starving it), `share` is held
 # shared by every running module and exclusively by a serial one. Without xdist: nothing.
+
+
+def _serial_modules_first(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest -n, hand out the serial modules first, one after another, then the others
+    with the most tests first (xdist's own order for --dist loadfile).
+
+    A serial module met midway waits until every module running beside it has ended, and
+    the workers that finish meanwhile wait too: in CI that drained the machine once per serial
+    module (setups waiting 100-200 s). Run back to back at the start, they wait for nothing.
+    """
+    if not os.environ.get("PYTEST_XDIST_WORKER") and not getattr(config, "workerinput", None):
+        return
+    counts: dict[str, int] = {}
+    serial: set[str] = set()
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        counts[module] = counts.get(module, 0) + 1
+        if item.get_closest_marker("serial") is not None:
+            serial.add(module)
+    module_of = {id(item): item.nodeid.split("::")[0] for item in items}
+    items.sort(key=lambda item: (module_of[id(item)] not in serial, -counts[module_of[id(item)]]))
 
 
 @pytest.fixture(scope="module", autouse=True)
