@@ -46,6 +46,43 @@ def test_every_device_map_mode_matches_the_plain_model(
     assert model.body.layers[3].mlp[0].weight.is_meta
 
 
+def test_disk_blocks_on_the_cpu_reuse_their_views_and_parameters_but_keep_no_grads(
+    kit, reference, ids, tmp_path
+):
+    path = kit.write_checkpoint(reference, str(tmp_path / "ckpt"), "safetensors", 2)
+    model = load_checkpoint_and_dispatch(
+        empty(kit), path, device_map="auto", no_split_module_classes=["Block"],
+        max_memory={"cpu": budget_for_two_blocks(kit), "disk": "1GiB"},
+        offload_folder=tmp_path / "offload",
+    )  # fmt: skip
+    block = model.body.layers[3]
+    hook = block._hf_hook
+    loader = hook.weights_map.dataset
+    name = "body.layers.3.mlp.0.weight"
+    assert name in loader._views  # mapped when dispatched: the first forward reads no header
+    assert loader[name] is loader[name]
+    seen = []
+    block.mlp[0].register_forward_pre_hook(lambda m, args: seen.append(m.weight))
+    with torch.no_grad():
+        first, again = model(ids), model(ids)
+    torch.testing.assert_close(first, reference(ids))
+    torch.testing.assert_close(again, first)
+    assert seen[0] is seen[1]  # one Parameter for both forwards, viewing the map
+    assert seen[0].data_ptr() == loader[name].data_ptr()
+    # with gradients on, each forward gets its own Parameter: a backward leaves its .grad on
+    # that one, which nothing keeps after the step
+    model(ids).sum().backward()
+    model(ids).sum().backward()
+    assert seen[2] is not seen[3] and seen[2] is not seen[0]
+    assert seen[0].grad is None and all(p.grad is None for p, _ in hook._wrapped.values())
+    # an entry put in the index again is read again, not served from the old view
+    old_view = loader[name]
+    loader.index[name] = dict(loader.index[name])
+    fresh = loader[name]
+    assert fresh is not old_view and loader[name] is fresh
+    torch.testing.assert_close(fresh, reference.state_dict()[name])
+
+
 def test_dispatch_on_one_device_moves_the_model_without_hooks(kit, reference, ids, tmp_path):
     path = kit.write_checkpoint(reference, str(tmp_path), "bin")
     model = load_checkpoint_and_dispatch(empty(kit), path, device_map="cpu")

@@ -386,6 +386,8 @@ def test_warm_page_cache_reads_the_ranges_into_the_cache_in_parallel(tmp_path):
     maps = [map_file(p) for p in paths]
     if all(is_cached(m) for m in maps):
         pytest.skip("this filesystem keeps the pages cached whatever is asked")
+    ranges = [(p, 0, os.path.getsize(p)) for p in paths]
+    assert warm_page_cache(ranges, cached=set(paths)) == []  # the load found them cached
     workers = warm_page_cache([(p, 0, os.path.getsize(p)) for p in paths], threads=3)
     assert len(workers) == 3
     for worker in workers:

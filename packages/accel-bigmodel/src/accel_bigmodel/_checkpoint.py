@@ -199,7 +199,7 @@ def load_with_placer(
     if placer.index:
         save_offload_index(placer.index, offload_folder)
     if reader.backend != "mmap":
-        warm_page_cache(_within_free_memory(placer.warm_ranges()))
+        warm_page_cache(_within_free_memory(placer.warm_ranges()), cached=placer.cached_files)
     return _finish(model, checkpoint, placer.missing(), placer.unexpected, strict)
 
 

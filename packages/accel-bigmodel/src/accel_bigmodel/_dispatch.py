@@ -119,6 +119,8 @@ def dispatch_model(
                 buffers = {n for n, _ in model.named_buffers(remove_duplicate=False)}
                 for name in (n for n in stale if n in buffers):
                     set_module_tensor_to_device(model, name, "cpu", value=loader[name])
+        if main == "cpu":
+            loader.map_ahead()  # the views the forward runs on, made now (nothing is read)
         weights_map = loader
     _check_no_meta(model, device_map, offloaded, weights_map)
     execution = {k: main if k in offloaded or v == "disk" else v for k, v in device_map.items()}

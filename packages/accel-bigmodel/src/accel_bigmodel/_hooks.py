@@ -220,6 +220,10 @@ class AlignDevicesHook(ModelHook):
         self._slots: list[tuple[str, list[tuple[dict, str]], torch.Tensor]] = []
         self._stats: dict[str, list[str]] = {}  # quantized weight -> keys of its statistics
         self._int8_layers: list[nn.Module] = []
+        # On the CPU a weight read from the map is the map's own view, the same each forward:
+        # its Parameter is made once (name -> (value, parameter)). Never on another device,
+        # where it would keep the block's copy alive between forwards.
+        self._wrapped: dict[str, tuple[torch.Tensor, nn.Parameter]] = {}
 
     def __repr__(self) -> str:
         return (
@@ -307,12 +311,23 @@ class AlignDevicesHook(ModelHook):
             self.input_device = find_device([args, kwargs])
         if self.offload:
             values = self.prefetcher.take(self) if self.prefetcher else self.load_weights()
+            on_cpu = self.execution_device is None or self.execution_device.type == "cpu"
+            grad = torch.is_grad_enabled()
             for name, places, meta in self._slots:
                 value = values[name]
                 if name in self._stats:
                     value = self._quantized(name, meta, value)
                 elif isinstance(meta, nn.Parameter):
-                    value = nn.Parameter(value, requires_grad=meta.requires_grad)
+                    # not where a backward would leave a .grad on it between forwards
+                    reusable = on_cpu and not (grad and meta.requires_grad)
+                    known = self._wrapped.get(name) if reusable else None
+                    if known is not None and known[0] is value:
+                        value = known[1]
+                    else:
+                        wrapped = nn.Parameter(value, requires_grad=meta.requires_grad)
+                        if reusable:
+                            self._wrapped[name] = (value, wrapped)
+                        value = wrapped
                 for store, attr in places:
                     store[attr] = value
         device = self.execution_device
@@ -342,6 +357,7 @@ class AlignDevicesHook(ModelHook):
                 for store, attr in places:
                     store[attr] = value
             self._slots = []
+            self._wrapped = {}
         return module
 
 

@@ -178,6 +178,9 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
         self.device = device
         self._files = MappedFiles()
         self._keys = list(self.state_dict) + [k for k in self.index if k not in self.state_dict]
+        # key -> (its index entry, the view made for it): a view of a map holds no memory of
+        # its own, and a new entry put in the index for the key is read again
+        self._views: dict[str, tuple[dict, torch.Tensor]] = {}
 
     def location(self, key: str) -> tuple[str, int, torch.dtype, list[int]]:
         """(file, byte offset, dtype, shape) of the disk tensor `key`."""
@@ -201,11 +204,26 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
         if key in self.state_dict:
             tensor = self.state_dict[key]
         else:
-            tensor = self._files.tensor(*self.location(key))
-            wanted = _dtype_from_name(self.index[key]["dtype"])
-            if tensor.dtype != wanted:
-                tensor = tensor.to(wanted)
+            entry = self.index[key]
+            known = self._views.get(key)
+            if known is not None and known[0] is entry:
+                tensor = known[1]
+            else:
+                path, offset, dtype, shape = self.location(key)
+                tensor = self._files.tensor(path, offset, dtype, shape)
+                wanted = _dtype_from_name(entry["dtype"])
+                if tensor.dtype != wanted:
+                    tensor = tensor.to(wanted)  # a copy: made again at each read, not kept
+                elif offset % dtype.itemsize == 0:  # a view of the map, not a copy
+                    self._views[key] = (entry, tensor)
         return tensor if self.device is None else tensor.to(self.device)
+
+    def map_ahead(self) -> None:
+        """Make the views of the disk tensors now (no byte is read): the first forward of a
+        model running from the maps on the CPU then only faults their pages in."""
+        for key in self.index:
+            if key not in self.state_dict:
+                self[key]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._keys)

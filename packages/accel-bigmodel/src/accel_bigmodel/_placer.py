@@ -63,6 +63,7 @@ class Placer:
         self.unexpected: list[str] = []
         self.index: dict[str, dict] = {}
         self.in_place: list[tuple[int, str, int, int]] = []  # (position, file, offset, nbytes)
+        self.cached_files: set[str] = set()  # files the load found in the page cache
 
     def plan(self, name: str) -> Plan | None:
         """The plan for checkpoint tensor `name`; None (and recorded) when the model lacks it."""

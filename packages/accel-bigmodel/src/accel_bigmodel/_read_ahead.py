@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from accel_bigmodel._fault_in import is_cached, map_file
 from accel_bigmodel._file_io import SCRATCH, Files, read_range
@@ -15,7 +15,9 @@ _WARM_READ = 8 * 2**20
 
 
 def warm_page_cache(
-    ranges: Iterable[tuple[str, int, int]], threads: int = WARM_THREADS
+    ranges: Iterable[tuple[str, int, int]],
+    threads: int = WARM_THREADS,
+    cached: Collection[str] = (),
 ) -> list[threading.Thread]:
     """Read (path, offset, nbytes) ranges into the page cache ahead of use, from background
     threads.
@@ -27,17 +29,19 @@ def warm_page_cache(
     floor here; 4 reading threads 1.0-1.07x. Each read is one request whose iovecs all point at
     one shared 1 MiB scratch buffer (`read_range`), whose contents are never looked at: the
     page cache is what is kept. Files already in the
-    page cache are skipped (copying them would only take CPU from the forward). It is a hint:
+    page cache are skipped (copying them would only take CPU from the forward); those in
+    `cached` were just found there by the load and are not looked at again. It is a hint:
     it holds no other memory, and errors are ignored. Returns the threads (daemons).
     """
     if not hasattr(os, "preadv"):
         return []
     ranges = list(ranges)
-    cached = {path: _file_is_cached(path) for path in {path for path, _, _ in ranges}}
+    paths = {path for path, _, _ in ranges}
+    warm = {path: path in cached or _file_is_cached(path) for path in paths}
     jobs: deque[tuple[str, int, int]] = deque(
         (path, start, min(_WARM_READ, offset + nbytes - start))
         for path, offset, nbytes in ranges
-        if not cached[path]
+        if not warm[path]
         for start in range(offset, offset + nbytes, _WARM_READ)
     )
     if not jobs:

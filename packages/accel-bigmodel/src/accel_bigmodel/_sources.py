@@ -89,6 +89,7 @@ def load_accel(
         with ThreadPoolExecutor(min(len(paths), reader.resolved_threads)) as pool:
             live = [p for p in paths if maps[p] is not None]
             cached = dict(zip(live, pool.map(lambda p: is_cached(maps[p]), live)))
+        placer.cached_files.update(path for path, warm in cached.items() if warm)
     views: list[tuple[TensorInfo, Plan, torch.Tensor]] = []
     for path in paths:
         try:
