@@ -6,6 +6,7 @@ PartialState behind fails (the state is reset for the next test either way).
 
 from __future__ import annotations
 
+import collections
 import compileall
 import contextlib
 import fcntl
@@ -63,7 +64,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    _serial_modules_first(config, items)
+    _serial_modules_first(items)
     try:
         import torch
     except ImportError:  # a package installed alone without torch (accel-tracking): no GPU
@@ -134,7 +135,7 @@ def _no_leaks():
 # shared by every running module and exclusively by a serial one. Without xdist: nothing.
 
 
-def _serial_modules_first(config: pytest.Config, items: list[pytest.Item]) -> None:
+def _serial_modules_first(items: list[pytest.Item]) -> None:
     """Under pytest -n, hand out the serial modules first, one after another, then the others
     with the most tests first (xdist's own order for --dist loadfile).
 
@@ -142,16 +143,11 @@ def _serial_modules_first(config: pytest.Config, items: list[pytest.Item]) -> No
     the workers that finish meanwhile wait too: in CI that drained the machine once per serial
     module (setups waiting 100-200 s). Run back to back at the start, they wait for nothing.
     """
-    if not os.environ.get("PYTEST_XDIST_WORKER") and not getattr(config, "workerinput", None):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
-    counts: dict[str, int] = {}
-    serial: set[str] = set()
-    for item in items:
-        module = item.nodeid.split("::")[0]
-        counts[module] = counts.get(module, 0) + 1
-        if item.get_closest_marker("serial") is not None:
-            serial.add(module)
     module_of = {id(item): item.nodeid.split("::")[0] for item in items}
+    counts = collections.Counter(module_of.values())
+    serial = {module_of[id(i)] for i in items if i.get_closest_marker("serial") is not None}
     items.sort(key=lambda item: (module_of[id(item)] not in serial, -counts[module_of[id(item)]]))
 
 

@@ -33,12 +33,17 @@ from accel_bigmodel._header import TensorInfo
 from accel_bigmodel._read_shape import pace_for
 
 
-def map_file(path: str) -> mmap.mmap | None:
-    """A private (copy-on-write) map of `path`, or None for an empty file or off Linux."""
-    if not sys.platform.startswith("linux") or os.path.getsize(path) == 0:
-        return None
+def map_private(path: str) -> mmap.mmap | None:
+    """A private (copy-on-write) map of `path`, or None for an empty file."""
     with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return None
         return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+
+
+def map_file(path: str) -> mmap.mmap | None:
+    """`map_private(path)` on Linux (where the page cache is asked with mincore), else None."""
+    return map_private(path) if sys.platform.startswith("linux") else None
 
 
 def is_cached(mapped: mmap.mmap, samples: int = 256, window: int = 16) -> bool:

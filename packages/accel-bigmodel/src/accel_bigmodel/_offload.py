@@ -19,6 +19,7 @@ from collections.abc import Iterator, Mapping
 
 import torch
 
+from accel_bigmodel._fault_in import map_private
 from accel_bigmodel._header import DTYPES, read_safetensors_header
 
 INDEX_NAME = "index.json"
@@ -118,8 +119,8 @@ def safetensors_entries(path: str | os.PathLike) -> dict[str, dict]:
 class MappedFiles:
     """Private (copy-on-write) maps of whole files, made once each, handing out tensor views.
 
-    The maps are Python `mmap`s, as `_fault_in` makes them for tensors kept in host memory, so a
-    block left on disk and a block kept in memory view their pages alike.
+    The maps are `_fault_in.map_private`'s, as for tensors kept in host memory, so a block
+    left on disk and a block kept in memory view their pages alike.
     """
 
     def __init__(self) -> None:
@@ -132,7 +133,7 @@ class MappedFiles:
         if numel == 0:
             return torch.empty(shape, dtype=dtype)
         if path not in self._maps:
-            self._maps[path] = _map(path)
+            self._maps[path] = map_private(path)
         data = self._maps[path]
         itemsize = dtype.itemsize
         nbytes = numel * itemsize
@@ -145,14 +146,6 @@ class MappedFiles:
 
     def clear(self) -> None:
         self._maps.clear()
-
-
-def _map(path: str) -> mmap.mmap | None:
-    """A private map of `path` (None when it is empty)."""
-    with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size == 0:
-            return None
-        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
 
 
 class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):

@@ -42,12 +42,20 @@ def with_hang_note(config: LaunchConfig) -> tuple[LaunchConfig, Path | None]:
 
 
 class HangWatch:
-    """Watch the note of one launch; print each diagnosis as it comes."""
+    """Watch the note of one launch; print each diagnosis as it comes. Used as a context
+    manager, it removes the note at the end, however the launch ends."""
 
     def __init__(self, note: Path | None, world_size: int) -> None:
         self.note, self.world_size = note, world_size
         self.diagnosed = 0
         self._last: tuple[str, str] | None = None  # (folder, diagnosis) last printed
+
+    def __enter__(self) -> HangWatch:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self.note is not None:
+            self.note.unlink(missing_ok=True)
 
     def poll(self, *, final: bool = False) -> None:
         """Print the diagnosis of a hang the workers reported since the last poll, once the
@@ -94,7 +102,6 @@ class HangWatch:
         if self.note is None:
             return code
         self.poll(final=True)
-        self.note.unlink(missing_ok=True)
         if not self.diagnosed:
             return code
         from accel_state.hang import HANG_EXIT_CODE

@@ -133,13 +133,9 @@ def run(args: argparse.Namespace) -> int:
     config, note = with_hang_note(config)  # not before --dry_run: it makes a file
     if note is not None:
         env = {**build_env(config, os.environ, cpu_cores=cores), **extra_env}
-    watch = HangWatch(note, config.num_processes)
-    try:
+    with HangWatch(note, config.num_processes) as watch:  # removes the note however it ends
         code = run_child(cmd, env, through_torchrun=torchrun, on_poll=watch.poll)
         return watch.finish(code)
-    finally:
-        if note is not None:  # also when the launch ends in an error
-            note.unlink(missing_ok=True)
 
 
 def _print_dry_run(
