@@ -13,6 +13,9 @@ import re
 from collections.abc import Mapping
 
 # torchrun / torchelastic
+# Read on each collective: "1"/"true"/"yes"/"on" switches the shape checks on.
+ENV_DEBUG_MODE = "ACCEL_DEBUG_MODE"
+ENV_ACCELERATE_DEBUG_MODE = "ACCELERATE_DEBUG_MODE"  # what `accelerate launch --debug` sets
 ENV_RANK = "RANK"
 ENV_WORLD_SIZE = "WORLD_SIZE"
 ENV_LOCAL_RANK = "LOCAL_RANK"

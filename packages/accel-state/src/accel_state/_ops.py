@@ -15,14 +15,16 @@ process's ring (after the debug-mode check, which keeps its message).
 from __future__ import annotations
 
 import dataclasses
-import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
+from accel_state._enums import DistributedType
+from accel_state._environment import ENV_DEBUG_MODE
 from accel_state._record import recorded
+from accel_state._state import PartialState, debug_mode
 
 
 def is_torch_tensor(value: Any) -> bool:
@@ -119,29 +121,12 @@ def send_to_device(
     return move(tensor)
 
 
-# Read on each collective: "1"/"true"/"yes"/"on" switches the shape checks on.
-ENV_DEBUG_MODE = "ACCEL_DEBUG_MODE"
-ENV_ACCELERATE_DEBUG_MODE = "ACCELERATE_DEBUG_MODE"  # what `accelerate launch --debug` sets
-
-
 class CannotPadNestedTensorWarning(UserWarning):
     """pad_across_processes was given a nested tensor, which it returns unpadded."""
 
 
 class DistributedOperationException(RuntimeError):
     """A collective whose inputs cannot meet across processes (raised in debug mode)."""
-
-
-def debug_mode() -> bool:
-    """Whether collectives check shapes across processes first: `PartialState().debug` where
-    the code set it, else `ACCEL_DEBUG_MODE` (or accelerate's `ACCELERATE_DEBUG_MODE`)."""
-    from accel_state._state import PartialState
-
-    chosen = PartialState._notes.get("debug")
-    if chosen is not None:
-        return bool(chosen)
-    names = (ENV_DEBUG_MODE, ENV_ACCELERATE_DEBUG_MODE)
-    return any(os.environ.get(n, "").strip().lower() in ("1", "true", "yes", "on") for n in names)
 
 
 Shapes = list[tuple[int, ...]]
@@ -245,8 +230,6 @@ def gather(tensor: Any, *, group: Any = None) -> Any:
 
 
 def _refuse_on_xla() -> None:
-    from accel_state._enums import DistributedType
-    from accel_state._state import PartialState
 
     topology = PartialState._topology
     if topology is not None and topology.distributed_type == DistributedType.XLA:

@@ -6,6 +6,7 @@ import dataclasses
 import datetime
 import functools
 import json
+import os
 import sys
 import threading
 import warnings
@@ -18,6 +19,8 @@ from accel_state._enums import MULTI_DEVICE_TYPES, DistributedType
 from accel_state._environment import (
     DEFAULT_MASTER_PORT,
     ENV_ACCEL_CONFIG,
+    ENV_ACCELERATE_DEBUG_MODE,
+    ENV_DEBUG_MODE,
     LaunchInfo,
     detect_launch,
     device_override,
@@ -290,8 +293,6 @@ class PartialState(ProcessControl):
         if name in notes:
             return notes[name]
         if name == "debug":  # accelerate's flag: collectives check shapes first
-            from accel_state._ops import debug_mode
-
             return debug_mode()
         cls = type(self).__name__
         if PartialState._topology is None and hasattr(type(self), name):  # a property failed
@@ -527,3 +528,13 @@ def _topology(info: LaunchInfo, device: torch.device, backend: str | None) -> To
         backend=backend,
         distributed_type=dtype,
     )
+
+
+def debug_mode() -> bool:
+    """Whether collectives check shapes across processes first: `PartialState().debug` where
+    the code set it, else `ACCEL_DEBUG_MODE` (or accelerate's `ACCELERATE_DEBUG_MODE`)."""
+    chosen = PartialState._notes.get("debug")
+    if chosen is not None:
+        return bool(chosen)
+    names = (ENV_DEBUG_MODE, ENV_ACCELERATE_DEBUG_MODE)
+    return any(os.environ.get(n, "").strip().lower() in ("1", "true", "yes", "on") for n in names)

@@ -28,7 +28,6 @@ from accel._config import (
     ProfileKwargs,
     ProjectConfiguration,
     sort_kwargs_handlers,
-    step_metrics_for,
 )
 from accel._diagnostics import start_hang_doctor, start_oom_snapshot
 from accel._dynamo import TorchDynamoPlugin, resolve_dynamo_plugin
@@ -197,7 +196,9 @@ class Accelerator(
             dataloaders=self._dataloaders,
         )  # fmt: skip
         self._init_tracking(log_with)
-        self._step_metrics = step_metrics_for(self, log_step_metrics, handlers.get("step_metrics"))
+        self._step_metrics = _config_of.step_metrics_for(
+            self, log_step_metrics, handlers.get("step_metrics")
+        )
         where = dict(rank=self.process_index, project_dir=self.project_dir)
         self._hang_doctor = start_hang_doctor(hang_timeout, world_size=self.num_processes, **where)
         self._oom_snapshot = start_oom_snapshot(oom_memory_snapshot, device=self.device, **where)

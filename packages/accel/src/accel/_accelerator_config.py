@@ -7,6 +7,7 @@ import dataclasses
 import warnings
 from typing import Any
 
+from accel._config import StepMetricsKwargs
 from accel._gradient_state import GradientAccumulationPlugin
 from accel_data import DataLoaderConfiguration
 from accel_state import resolved_launch_config
@@ -88,3 +89,21 @@ def accumulation_plugin(
         return plugin
     steps = from_launch("gradient_accumulation_steps", steps, 1)
     return GradientAccumulationPlugin(num_steps=int(steps))
+
+
+def step_metrics_for(
+    owner: Any, log_step_metrics: bool | None, options: StepMetricsKwargs | None
+) -> Any:
+    """The Accelerator's StepMetrics, or None when off. On with `log_step_metrics=True`, a
+    StepMetricsKwargs handler, or `accel launch --step_metrics` (the code's value wins)."""
+    if log_step_metrics is False and options is not None:
+        raise ValueError(
+            f"log_step_metrics=False contradicts kwargs_handlers' {options!r}, which turns the "
+            f"step metrics on; pass one of them."
+        )
+    on = from_launch("step_metrics", log_step_metrics, False) or options is not None
+    if not on:
+        return None
+    from accel._step_metrics import StepMetrics  # only a run that measures imports it
+
+    return StepMetrics(owner, options or StepMetricsKwargs())

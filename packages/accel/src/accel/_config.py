@@ -101,26 +101,6 @@ class StepMetricsKwargs:
                 )
 
 
-def step_metrics_for(
-    owner: Any, log_step_metrics: bool | None, options: StepMetricsKwargs | None
-) -> Any:
-    """The Accelerator's StepMetrics, or None when off. On with `log_step_metrics=True`, a
-    StepMetricsKwargs handler, or `accel launch --step_metrics` (the code's value wins)."""
-    from accel._accelerator_config import from_launch
-
-    if log_step_metrics is False and options is not None:
-        raise ValueError(
-            f"log_step_metrics=False contradicts kwargs_handlers' {options!r}, which turns the "
-            f"step metrics on; pass one of them."
-        )
-    on = from_launch("step_metrics", log_step_metrics, False) or options is not None
-    if not on:
-        return None
-    from accel._step_metrics import StepMetrics  # only a run that measures imports it
-
-    return StepMetrics(owner, options or StepMetricsKwargs())
-
-
 @functools.cache
 def _handler_slots() -> dict[type, str]:
     """Each handler type's slot (the packages that own them imported when a handler is given)."""

@@ -6,9 +6,12 @@ loaded with; its quantized weights cannot move, so `prepare` checks the placemen
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
+
+from accel._compat import _imports
 
 
 def is_quantized(model: Any) -> bool:
@@ -34,11 +37,10 @@ def check_quantized_placement(model: Any, device: torch.device, distributed: boo
         )
     if len(devices) == 1:
         _check_same_device(next(iter(devices)), device)
-    # read at the familiar path, where accelerate's checks live, so that patching
-    # `accel.accelerator.is_bitsandbytes_multi_backend_available` (accelerate's tests do) holds
-    from accel import accelerator as familiar
-
-    cpu_ok = familiar.is_bitsandbytes_multi_backend_available() and not familiar.is_xpu_available()
+    cpu_ok = (
+        _familiar("is_bitsandbytes_multi_backend_available")()
+        and not _familiar("is_xpu_available")()
+    )
     if "disk" in devices or ("cpu" in devices and not cpu_ok):
         raise ValueError(
             f"This model was loaded in 8-bit or 4-bit with CPU or disk offload (device map "
@@ -57,3 +59,12 @@ def _check_same_device(loaded: Any, device: torch.device) -> None:
             f"This model was loaded in 8-bit or 4-bit on device {loaded!r} but this process "
             f"trains on {device}; load it there (device_map={{'': accelerator.device}})."
         )
+
+
+def _familiar(name: str) -> Any:
+    """The check `name` as the familiar module `accel.accelerator` holds it, where accelerate's
+    checks live and its tests patch them (`...accelerator.is_xpu_available`); the owner's
+    function while that module was never imported (nothing can have patched it then). Looked
+    up, not imported: the familiar module imports the Accelerator, which imports this one."""
+    familiar = sys.modules.get("accel.accelerator")
+    return getattr(familiar if familiar is not None else _imports, name)

@@ -29,7 +29,7 @@ from accel_parallel.checkpoint import (
 from accel_state import load_rng_file, set_rng_state
 
 if TYPE_CHECKING:
-    from accel._checkpoint._checkpointer import Checkpointer
+    from accel._checkpoint._parts import CheckpointParts
 
 
 def check_map_location(map_location: Any) -> None:
@@ -41,7 +41,7 @@ def check_map_location(map_location: Any) -> None:
         )
 
 
-def check_checkpoint(ck: Checkpointer, source: Path) -> dict[str, Any] | None:
+def check_checkpoint(ck: CheckpointParts, source: Path) -> dict[str, Any] | None:
     """accel's marker (None for a folder accelerate wrote), after checking that the
     checkpoint is complete and holds what this run prepared."""
     marker = source / MARKER
@@ -77,7 +77,7 @@ def check_checkpoint(ck: Checkpointer, source: Path) -> dict[str, Any] | None:
     return meta
 
 
-def _check_accelerate_checkpoint(ck: Checkpointer, source: Path) -> None:
+def _check_accelerate_checkpoint(ck: CheckpointParts, source: Path) -> None:
     customs = [f.name for f in source.iterdir() if CUSTOM_RE.match(f.name)]
     if len(customs) != len(ck.custom_objects):
         raise ValueError(
@@ -94,7 +94,7 @@ def _check_accelerate_checkpoint(ck: Checkpointer, source: Path) -> None:
 
 
 def load_process_state(
-    ck: Checkpointer, source: Path, meta: dict[str, Any] | None, stateful_loaders: bool
+    ck: CheckpointParts, source: Path, meta: dict[str, Any] | None, stateful_loaders: bool
 ) -> None:
     """This process's RNG, data positions, accumulation state and accumulated gradients
     (`stateful_loaders`: the run's DataLoaderConfiguration.use_stateful_dataloader)."""
@@ -125,7 +125,7 @@ def load_process_state(
 
 
 def _load_accel_extras(
-    ck: Checkpointer,
+    ck: CheckpointParts,
     source: Path,
     state: dict[str, Any],
     meta: dict[str, Any] | None,

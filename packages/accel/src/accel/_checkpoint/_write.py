@@ -29,10 +29,10 @@ from accel_parallel.checkpoint import (
 from accel_state import rng_state
 
 if TYPE_CHECKING:
-    from accel._checkpoint._checkpointer import Checkpointer
+    from accel._checkpoint._parts import CheckpointParts
 
 
-def write_checkpoint(ck: Checkpointer, tmp: Path, safe: bool) -> None:
+def write_checkpoint(ck: CheckpointParts, tmp: Path, safe: bool) -> None:
     """Write every file of a checkpoint of `ck`'s objects into `tmp`."""
     writer = ck.writer
     write_full = weights_writer(safe)
@@ -70,7 +70,7 @@ def write_checkpoint(ck: Checkpointer, tmp: Path, safe: bool) -> None:
     save_object(process_state(ck), tmp / process_file(rank))
 
 
-def process_state(ck: Checkpointer) -> dict[str, Any]:
+def process_state(ck: CheckpointParts) -> dict[str, Any]:
     """accel's per-process extras: loader positions, accumulation state and gradients."""
     state: dict[str, Any] = {
         "dataloaders": [dl.state_dict() for dl in ck.dataloaders],
@@ -83,7 +83,7 @@ def process_state(ck: Checkpointer) -> dict[str, Any]:
     return state
 
 
-def marker_meta(ck: Checkpointer) -> dict[str, Any]:
+def marker_meta(ck: CheckpointParts) -> dict[str, Any]:
     """What the completion marker records of the run that saved."""
     strategy, precision = ck.strategy, ck.precision
     return {
