@@ -15,6 +15,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from accel._compat._environment import environment
 from accel_state import ENV_ACCEL_CONFIG
 from accel_state.xla_env import XLAProcessCountError
 from accel_state.xla_env import xla_nprocs as _xla_nprocs
@@ -67,13 +68,5 @@ def launch_on_xla(
         )
     import torch_xla.distributed.xla_multiprocessing as xmp
 
-    before = {k: os.environ.get(k) for k in (*env, ENV_ACCEL_CONFIG)}
-    os.environ.update({**env, ENV_ACCEL_CONFIG: json.dumps(config)})
-    try:
+    with environment({**env, ENV_ACCEL_CONFIG: json.dumps(config)}):
         xmp.spawn(_XLAEntry(function), args=args, nprocs=nprocs, start_method="fork")
-    finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
