@@ -59,7 +59,8 @@ def test_help_and_config_commands_do_not_import_torch(tmp_path):
                      ["launch", "--dry_run", "--num_processes", "2", "--cpu", {str(script)!r}]):
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                 codes.append(main(argv))
-        print(codes, "torch" in sys.modules, "accel_state" in sys.modules)
+        state = sorted(m for m in sys.modules if m.split(".")[0] == "accel_state")
+        print(codes, "torch" in sys.modules, ",".join(state) or "-")
         """
     )
     out = subprocess.run(
@@ -68,7 +69,9 @@ def test_help_and_config_commands_do_not_import_torch(tmp_path):
     assert out.returncode == 0, out.stderr
     *codes, torch_loaded, state_loaded = out.stdout.split()
     assert "".join(codes) == "[" + ",".join(["0"] * 15) + "]"
-    assert (torch_loaded, state_loaded) == ("False", "False")
+    assert torch_loaded == "False"
+    # of accel-state, only its torch-free network rule (the launcher's route and interface)
+    assert set(state_loaded.split(",")) <= {"accel_state", "accel_state.hosts"}, state_loaded
 
 
 def test_usage_errors_name_the_fix(tmp_path, capsys):

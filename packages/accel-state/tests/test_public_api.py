@@ -101,3 +101,26 @@ def test_rng_file_round_trip(tmp_path: Path) -> None:
     accel_state.set_rng_state(loaded)
     assert random.random() == expected[0]
     assert torch.equal(torch.rand(3), expected[1])
+
+
+def test_names_load_lazily_and_the_network_rule_is_torch_free() -> None:
+    """`import accel_state.hosts` and the launcher's names import no torch; `dir()` lists the
+    whole API before any of it is loaded, and every exported name comes from its module."""
+    code = (
+        "import sys; import accel_state.hosts; import accel_state; "
+        "from accel_state import DistributedType, address_toward, interface_of, detect_launch; "
+        "assert 'torch' not in sys.modules, sorted(sys.modules); "
+        "assert set(accel_state.__all__) <= set(dir(accel_state)); "
+        "assert address_toward is accel_state.hosts.address_toward; "
+        "assert set(accel_state._EXPORTS) == set(accel_state.__all__); print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    import pytest
+
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        _ = accel_state.nope  # type: ignore[attr-defined]

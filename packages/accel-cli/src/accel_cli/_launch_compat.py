@@ -198,15 +198,14 @@ def convert_nargs_to_dict(nargs: list[str]) -> dict[str, Any]:
     }
 
 
-_XLA_OFF = ("0", "false", "no", "off")
-
-
 def _on_tpu() -> bool:
     """accelerate's `is_torch_xla_available(check_is_tpu=True)`: torch-xla installed, not
     turned off (USE_TORCH_XLA=0), and its runtime's device a TPU."""
     import importlib.util
 
-    if os.environ.get("USE_TORCH_XLA", "1").lower() in _XLA_OFF:
+    from accel_state.xla_env import xla_opted_out
+
+    if xla_opted_out(os.environ):
         return False
     if importlib.util.find_spec("torch_xla") is None:
         return False

@@ -8,21 +8,42 @@ prefix. The rule here is the one that works wherever the rendezvous works: the i
 that the routing table uses to reach the main machine. `GLOO_SOCKET_IFNAME` /
 `NCCL_SOCKET_IFNAME` given by the user win, and are checked to exist.
 
-No torch import: this runs in the launcher, before any worker starts.
+The rule itself (route, interface, variables) is accel_state.hosts'; this module adds the\nlauncher's checks and messages. No torch import: this runs before any worker starts.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import errno
 import ipaddress
 import socket
 from collections.abc import Mapping
 
-ENV_GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"
-ENV_NCCL_SOCKET_IFNAME = "NCCL_SOCKET_IFNAME"
-SOCKET_IFNAME_VARIABLES = (ENV_GLOO_SOCKET_IFNAME, ENV_NCCL_SOCKET_IFNAME)
+from accel_state.hosts import (
+    ENV_NCCL_SOCKET_IFNAME,
+    SOCKET_IFNAME_VARIABLES,
+    address_on,
+    interface_of,
+    interfaces,
+    resolve_address,
+    source_address,
+)
+from accel_state.hosts import socket_interface_env as _socket_interface_env
+
+__all__ = [
+    "SOCKET_IFNAME_VARIABLES",
+    "NetworkError",
+    "Route",
+    "address_on",
+    "describe_interfaces",
+    "interface_of",
+    "interfaces",
+    "is_local",
+    "resolve",
+    "route_to",
+    "socket_interface_env",
+    "user_interface",
+]
 
 
 class NetworkError(Exception):
@@ -46,34 +67,12 @@ class Route:
 def resolve(host: str) -> str:
     """The IPv4 (else IPv6) address of `host`, a name or an address."""
     try:
-        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        return resolve_address(host)
     except socket.gaierror as err:
         raise NetworkError(
             f"main_process_ip {host!r} does not resolve to an address ({err.strerror}): give "
             f"machine 0's address, or a name that every machine resolves."
         ) from None
-    infos.sort(key=lambda info: info[0] != socket.AF_INET)
-    return str(infos[0][4][0])
-
-
-def interfaces() -> dict[str, list[tuple[str, str | None]]]:
-    """Each interface of this host: its (address, netmask) pairs, IPv4 and IPv6."""
-    import psutil
-
-    out: dict[str, list[tuple[str, str | None]]] = {}
-    for name, addrs in psutil.net_if_addrs().items():
-        for addr in addrs:
-            if addr.family in (socket.AF_INET, socket.AF_INET6):
-                out.setdefault(name, []).append((addr.address.split("%")[0], addr.netmask))
-    return out
-
-
-def interface_of(address: str) -> str | None:
-    """The interface that holds `address` on this host (None when none does)."""
-    for name, addrs in interfaces().items():
-        if any(a == address for a, _ in addrs):
-            return name
-    return None
 
 
 def is_local(address: str) -> bool:
@@ -82,22 +81,19 @@ def is_local(address: str) -> bool:
 
 
 def route_to(host: str) -> Route:
-    """The route this host would take to `host`, asked of the kernel without sending
-    anything (a UDP socket's connect only picks the route and the source address)."""
+    """The route this host would take to `host` (accel_state.hosts' rule: asked of the kernel
+    without sending anything), or a NetworkError that says why there is none."""
     address = resolve(host)
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    with contextlib.closing(socket.socket(family, socket.SOCK_DGRAM)) as sock:
-        try:
-            sock.connect((address, 9))
-        except OSError as err:
-            if err.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH):
-                raise NetworkError(
-                    f"main_process_ip {host} ({address}) is not reachable from this host: no "
-                    f"route leads to it ({describe_interfaces()}). Give machine 0's address on "
-                    f"a network that every machine shares."
-                ) from None
-            raise
-        local = str(sock.getsockname()[0])
+    try:
+        local = source_address(address)
+    except OSError as err:
+        if err.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH):
+            raise NetworkError(
+                f"main_process_ip {host} ({address}) is not reachable from this host: no "
+                f"route leads to it ({describe_interfaces()}). Give machine 0's address on "
+                f"a network that every machine shares."
+            ) from None
+        raise
     return Route(address, interface_of(local), local)
 
 
@@ -129,16 +125,7 @@ def user_interface(environ: Mapping[str, str]) -> tuple[str, str] | None:
     return None
 
 
-def address_on(interface: str) -> str | None:
-    """This host's first IPv4 (else IPv6) address on `interface`."""
-    addrs = [a for a, _ in interfaces().get(interface, [])]
-    addrs.sort(key=lambda a: ":" in a)
-    return addrs[0] if addrs else None
-
-
 def socket_interface_env(route: Route, environ: Mapping[str, str]) -> dict[str, str]:
     """The variables to add so that gloo and NCCL use the interface that reaches the main
     machine: none on a loopback rendezvous (one machine), none that the user set."""
-    if route.loopback or route.interface is None:
-        return {}
-    return {name: route.interface for name in SOCKET_IFNAME_VARIABLES if not environ.get(name)}
+    return {} if route.loopback else _socket_interface_env(route.interface, environ)

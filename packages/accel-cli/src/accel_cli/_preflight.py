@@ -532,13 +532,13 @@ def report(outcome: Outcome, say: Callable[[str], None]) -> None:
     """Print each problem on its own line, fatal ones first, and what happens next."""
     fatal = [p for p in outcome.problems if p.fatal]
     warnings = [p for p in outcome.problems if not p.fatal]
-    for problem in warnings:
-        say(f"warning: {problem.line()}")
     if fatal:
         say(f"{len(fatal)} problem(s); no worker was started:")
         for problem in fatal:
             say(f"  {problem.line()}")
-    elif outcome.hosts:
+    for problem in warnings:
+        say(f"warning: {problem.line()}")
+    if not fatal and outcome.hosts:
         hosts = ", ".join(host_label(f) for f in outcome.hosts)
         via = f" over {outcome.interface}" if outcome.interface else ""
         say(f"ok: {len(outcome.hosts)} host(s) agree ({hosts}); talking{via}")

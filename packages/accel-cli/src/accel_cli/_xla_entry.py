@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from accel_state.xla_env import XLAProcessCountError, xla_nprocs
+
 INSTALL_HINT = 'pip install "accel-parallel[xla]" torch==<torch-xla\'s version, e.g. 2.9.0>'
 
 
@@ -63,29 +65,25 @@ def load_function(script: str, name: str, *, module: bool) -> tuple[Callable[[],
 
 
 def nprocs(count: int | None, environ: dict[str, str] | os._Environ[str]) -> int | None:
-    """torch-xla's `nprocs` for `--num_processes count` (see the module docstring); on the
-    CPU device, CPU_NUM_DEVICES is set in `environ`."""
-    if count is None or count == 1:
-        return count
-    device = environ.get("PJRT_DEVICE", "").upper()
-    if device == "CPU":
-        environ["CPU_NUM_DEVICES"] = str(count)
-        return None
-    if device in ("", "TPU"):
-        from torch_xla._internal import tpu
-
-        here = tpu.num_local_processes()
-        if count == here:
-            return None
+    """torch-xla's `nprocs` for `--num_processes count` (accel_state.xla_env's rule, see the
+    module docstring); on the CPU device, CPU_NUM_DEVICES is set in `environ`."""
+    try:
+        out, env = xla_nprocs(count, environ)
+    except XLAProcessCountError as err:
+        if err.here is not None:
+            raise SystemExit(
+                f"accel launch --tpu: --num_processes {count}, and torch-xla starts 1 process or "
+                f"one per TPU chip of this host ({err.here} here): pass --num_processes 1 or "
+                f"{err.here}, or leave it out (TPU_PROCESS_BOUNDS limits the chips torch-xla "
+                f"uses)."
+            ) from None
         raise SystemExit(
-            f"accel launch --tpu: --num_processes {count}, and torch-xla starts 1 process or one "
-            f"per TPU chip of this host ({here} here): pass --num_processes 1 or {here}, or "
-            f"leave it out (TPU_PROCESS_BOUNDS limits the chips torch-xla uses)."
-        )
-    raise SystemExit(
-        f"accel launch --tpu: --num_processes {count} on PJRT_DEVICE={device}: torch-xla starts "
-        f"1 process or one per device; pass 1, or leave it out and set {device}_NUM_DEVICES."
-    )
+            f"accel launch --tpu: --num_processes {count} on PJRT_DEVICE={err.device}: torch-xla "
+            f"starts 1 process or one per device; pass 1, or leave it out and set "
+            f"{err.device}_NUM_DEVICES."
+        ) from None
+    environ.update(env)
+    return out
 
 
 def spawn(

@@ -70,7 +70,7 @@ _LAZY = {
     "XLASpmdStrategy": "accel_parallel._xla",
     "XLAStrategy": "accel_parallel._xla",
     "XLATopology": "accel_parallel._xla",
-    "xla_requested": "accel_parallel._xla",
+    "xla_requested": "accel_state.xla_env",  # the rule's owner; re-exported for strategies
     "xla_topology": "accel_parallel._xla",
     "merge_fsdp_weights": "accel_parallel.checkpoint",
 }
@@ -139,10 +139,10 @@ if TYPE_CHECKING:
         XLASpmdStrategy,
         XLAStrategy,
         XLATopology,
-        xla_requested,
         xla_topology,
     )
     from accel_parallel.checkpoint import merge_fsdp_weights
+    from accel_state.xla_env import xla_requested
 
 
 # The public submodules, reachable as attributes as when the package imported them all.

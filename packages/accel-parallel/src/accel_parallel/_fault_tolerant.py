@@ -33,7 +33,12 @@ from accel_parallel.fault_tolerance import (
     import_torchft,
     lighthouse_from,
 )
-from accel_state import address_toward, interface_of
+from accel_state.hosts import (
+    ENV_GLOO_SOCKET_IFNAME,
+    address_toward,
+    interface_of,
+    socket_interface_env,
+)
 
 _REPLICA_PREFIX = "accel_replica_group_"
 
@@ -306,13 +311,9 @@ def _address_toward(lighthouse: str) -> str | None:
 
 
 def _gloo_interface(address: str, env: Mapping[str, str]) -> None:
-    """Point gloo at the interface holding `address` unless the user chose one: left to
-    itself gloo binds the address its host name resolves to, often 127.0.0.1."""
-    if env.get("GLOO_SOCKET_IFNAME"):
-        return
-    name = interface_of(address)
-    if name is not None:
-        os.environ["GLOO_SOCKET_IFNAME"] = name
+    """Point gloo at the interface holding `address` (accel_state.hosts' rule) unless the user
+    or the launcher chose one already: os.environ is written only then."""
+    os.environ.update(socket_interface_env(interface_of(address), env, (ENV_GLOO_SOCKET_IFNAME,)))
 
 
 def _checkpoint_transport(timeout: timedelta, host: str | None) -> Any:

@@ -10,7 +10,6 @@ where it is installed (`xla_requested`); `pip install "accel-parallel[xla]"` ins
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -20,21 +19,7 @@ from torch import nn
 from accel_parallel._registry import StrategyRequest, register_strategy
 from accel_parallel._strategy import ProcessInfo, Strategy
 
-ENV_USE_TORCH_XLA = "USE_TORCH_XLA"  # accelerate's opt-out: "0" keeps an XLA machine off XLA
-ENV_PJRT_DEVICE = "PJRT_DEVICE"  # torch-xla's runtime device ("TPU", "CPU", "CUDA")
 INSTALL_HINT = 'pip install "accel-parallel[xla]" torch==<torch-xla\'s version, e.g. 2.9.0>'
-_OFF = ("0", "false", "no", "off")
-
-
-def xla_requested(environ: Mapping[str, str]) -> bool:
-    """Whether a run that names no strategy runs on XLA: torch-xla is installed, the run did
-    not opt out (``USE_TORCH_XLA=0``), and there is an XLA device (``PJRT_DEVICE`` names one,
-    or libtpu is installed). Imports nothing."""
-    if str(environ.get(ENV_USE_TORCH_XLA, "1")).lower() in _OFF:
-        return False
-    if importlib.util.find_spec("torch_xla") is None:
-        return False
-    return bool(environ.get(ENV_PJRT_DEVICE)) or importlib.util.find_spec("libtpu") is not None
 
 
 def _torch_xla() -> Any:

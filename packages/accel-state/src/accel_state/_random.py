@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import random
 import sys
@@ -12,7 +11,7 @@ from typing import Any
 import torch
 
 from accel_state._enums import RNGType
-from accel_state._environment import ENV_PJRT_DEVICE, ENV_USE_TORCH_XLA
+from accel_state.xla_env import xla_opted_out, xla_requested
 
 
 def _numpy() -> Any:
@@ -25,15 +24,11 @@ def _numpy() -> Any:
 
 def _on_xla(environ: Mapping[str, str]) -> bool:
     """Whether this process runs (or will run) on an XLA device: torch-xla is imported, or
-    installed with a device named (`PJRT_DEVICE`, or libtpu installed); not when the run opted
-    out (`USE_TORCH_XLA=0`). torch_xla is imported by the caller only then."""
-    if str(environ.get(ENV_USE_TORCH_XLA, "1")).lower() in ("0", "false", "no", "off"):
+    installed with a device named (accel_state.xla_env's rules, the opt-out `USE_TORCH_XLA=0`
+    first). torch_xla is imported by the caller only then."""
+    if xla_opted_out(environ):
         return False
-    if "torch_xla" in sys.modules:
-        return True
-    if importlib.util.find_spec("torch_xla") is None:
-        return False
-    return bool(environ.get(ENV_PJRT_DEVICE)) or importlib.util.find_spec("libtpu") is not None
+    return "torch_xla" in sys.modules or xla_requested(environ)
 
 
 def _accelerator_module() -> Any:

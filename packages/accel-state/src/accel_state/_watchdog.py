@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from accel_state import _hosts, _ring
+from accel_state import _ring, hosts
 from accel_state._diagnosis import (
     DIAGNOSIS_FILE,
     diagnose,
@@ -134,7 +134,7 @@ class HangDoctor:
             for name in (NOTICE_FILE, DIAGNOSIS_FILE):
                 (self.folder / name).unlink(missing_ok=True)
         _ring.ACTIVE, _ACTIVE = self.ring, self
-        self.host = _hosts.host_address()
+        self.host = hosts.host_address()
         if self.store is not None:
             try:
                 self.store.set(f"{HOST_KEY}/{self.rank}", self.host)
@@ -327,7 +327,7 @@ class HangDoctor:
                 for rank, addr in report["hosts"].items()
                 if not report_path(self.folder, int(rank)).exists()
             }
-            report["probes"] = _hosts.probe(sorted(silent - {self.host}))
+            report["probes"] = hosts.probe(sorted(silent - {self.host}))
         target = report_path(self.folder, self.rank)
         tmp = target.with_suffix(".tmp")
         tmp.write_text(json.dumps(report, indent=1))

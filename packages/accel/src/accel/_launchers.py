@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
+from accel._compat._environment import environment
 from accel_state import ENV_ACCEL_CONFIG
 
 # accelerate refuses to fork after these were imported (they initialize the device on import)
@@ -105,7 +105,7 @@ def notebook_launcher(
         num_processes = max(torch.cuda.device_count(), 1) if torch.cuda.is_available() else 1
     config = {"mixed_precision": mixed_precision, "num_processes": num_processes * num_nodes}
     if num_processes == 1 and num_nodes == 1:
-        with _environment({ENV_ACCEL_CONFIG: json.dumps(config)}):
+        with environment({ENV_ACCEL_CONFIG: json.dumps(config)}):
             function(*args)
         return
     _check_can_fork()
@@ -134,7 +134,7 @@ def notebook_launcher(
         ENV_ACCEL_CONFIG: json.dumps(config),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
     }
-    with _environment(env, whole=True):  # the forked workers inherit it
+    with environment(env, whole=True):  # the forked workers inherit it
         elastic_launch(config=launch, entrypoint=function)(*args)
 
 
@@ -165,26 +165,6 @@ def _check_can_fork() -> None:
             "CUDA was initialized in this process before notebook_launcher, so it cannot fork "
             "workers. Restart the notebook and do not touch CUDA before calling it."
         )
-
-
-@contextlib.contextmanager
-def _environment(values: dict[str, str], *, whole: bool = False) -> Iterator[None]:
-    """Set `values` in os.environ for the block, then put them back as they were; `whole`
-    puts back the whole environment (torch's elastic agent sets variables of its own in the
-    launching process, where no user code runs meanwhile)."""
-    before = dict(os.environ) if whole else {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        if whole:
-            for key in set(os.environ) - set(before):
-                del os.environ[key]
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def debug_launcher(

@@ -15,7 +15,10 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from accel._compat._environment import environment
 from accel_state import ENV_ACCEL_CONFIG
+from accel_state.xla_env import XLAProcessCountError
+from accel_state.xla_env import xla_nprocs as _xla_nprocs
 
 
 class _XLAEntry:
@@ -29,23 +32,17 @@ class _XLAEntry:
 
 
 def xla_nprocs(num_processes: int | None, environ: Mapping[str, str]) -> tuple[int | None, dict]:
-    """torch-xla's `nprocs` for `num_processes`, and the variables that make it so."""
-    if num_processes is None or num_processes == 1:
-        return num_processes, {}
-    device = environ.get("PJRT_DEVICE", "").upper()
-    if num_processes > 1 and device == "CPU":
-        return None, {"CPU_NUM_DEVICES": str(num_processes)}
-    here: int | str = "one per device"
-    if device in ("", "TPU"):
-        from torch_xla._internal import tpu
-
-        here = tpu.num_local_processes()
-        if num_processes == here:
-            return None, {}
-    raise ValueError(
-        f"notebook_launcher(num_processes={num_processes}) on XLA: torch-xla starts 1 process or "
-        f"one per device of this host ({here}); pass num_processes=1, or None for every device."
-    )
+    """torch-xla's `nprocs` for `num_processes`, and the variables that make it so
+    (accel_state.xla_env's rule), or a ValueError worded for notebook_launcher."""
+    try:
+        return _xla_nprocs(num_processes, environ)
+    except XLAProcessCountError as err:
+        here = "one per device" if err.here is None else err.here
+        raise ValueError(
+            f"notebook_launcher(num_processes={num_processes}) on XLA: torch-xla starts 1 "
+            f"process or one per device of this host ({here}); pass num_processes=1, or None "
+            f"for every device."
+        ) from None
 
 
 def launch_on_xla(
@@ -71,13 +68,5 @@ def launch_on_xla(
         )
     import torch_xla.distributed.xla_multiprocessing as xmp
 
-    before = {k: os.environ.get(k) for k in (*env, ENV_ACCEL_CONFIG)}
-    os.environ.update({**env, ENV_ACCEL_CONFIG: json.dumps(config)})
-    try:
+    with environment({**env, ENV_ACCEL_CONFIG: json.dumps(config)}):
         xmp.spawn(_XLAEntry(function), args=args, nprocs=nprocs, start_method="fork")
-    finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value

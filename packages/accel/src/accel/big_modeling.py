@@ -1,8 +1,5 @@
 """Familiar path `accelerate.big_modeling`: re-exports from the packages that own the code."""
 
-from accel._compat._big_modeling import (  # noqa: F401  (private; accelerate's tests import it)
-    _refuse_recurrent_layers_under_sequence_parallelism,
-)
 from accel._compat._environment import (
     check_cuda_p2p_ib_support,
     parse_flag_from_env,
@@ -39,6 +36,9 @@ from accel_bigmodel import (
     load_checkpoint_in_model,
     offload_state_dict,
     retie_parameters,
+)
+from accel_parallel.familiar import (  # noqa: F401  (private; accelerate's tests import it)
+    refuse_recurrent_layers as _refuse_recurrent_layers_under_sequence_parallelism,
 )
 
 __all__ = [

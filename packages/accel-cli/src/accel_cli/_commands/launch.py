@@ -53,6 +53,8 @@ from accel_cli._network import (
 from accel_cli._preflight import DEFAULT_TIMEOUT as DEFAULT_PREFLIGHT_TIMEOUT
 from accel_cli._preflight import PREFLIGHT_EXIT_CODE, preflight_wanted, run_preflight
 from accel_cli._preflight import report as report_preflight
+from accel_cli._preflight_scope import UNDER_TPU as PREFLIGHT_UNDER_TPU
+from accel_cli._preflight_scope import unavailable as preflight_unavailable
 from accel_cli._resolve import (
     TORCHRUN_SPELLINGS,
     check_launch,
@@ -93,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
         flags.pop("multi_gpu", None)
     file = load(args.config_file, os.environ)
     if tpu_wanted(given, flags, file):  # XLA devices through torch-xla's launcher
+        if getattr(args, "preflight", None) in ("on", "strict"):
+            raise ConfigError(PREFLIGHT_UNDER_TPU.error())
         return launch_tpu(given, flags, file, args, os.environ)
     if flags.get("multi_gpu"):
         on_cpu = _multi_gpu_processes(flags, file)
@@ -166,10 +170,14 @@ def _network_env(
     the rendezvous endpoint's address. An exit code when the preflight found a launch that
     cannot work."""
     flag = getattr(args, "preflight", None)
-    torchrun = (
-        config.distributed and config.mpirun_hostfile is None and not uses_deepspeed_runner(config)
-    )
-    if not torchrun or (args.dry_run and flag is None):
+    blocked = preflight_unavailable(config, deepspeed_runner=uses_deepspeed_runner(config))
+    if blocked is not None:
+        if flag in ("on", "strict"):
+            raise ConfigError(blocked.error())
+        if flag is None and config.num_machines > 1 and not args.dry_run:
+            say(f"preflight: {blocked.note()}")
+        return {}, None, False
+    if args.dry_run and flag is None:
         return {}, None, False
     if preflight_wanted(config, flag):
         timeout = getattr(args, "preflight_timeout", None) or DEFAULT_PREFLIGHT_TIMEOUT

@@ -12,7 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -86,21 +86,31 @@ def clear_environment() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def patch_environment(**kwargs: Any) -> Iterator[None]:
-    """Set the variables (names upper-cased, values as str) for the block, then restore them."""
-    saved = {}
-    for key, value in kwargs.items():
-        key = key.upper()
-        saved[key] = os.environ.get(key)
-        os.environ[key] = str(value)
+def environment(values: Mapping[str, str], *, whole: bool = False) -> Iterator[None]:
+    """Set `values` in os.environ for the block, then put them back as they were: the one
+    save/restore of the umbrella (patch_environment, the notebook and XLA launchers). `whole`
+    puts back the whole environment (torch's elastic agent sets variables of its own in the
+    launching process, where no user code runs meanwhile)."""
+    before = dict(os.environ) if whole else {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
     try:
         yield
     finally:
-        for key, value in saved.items():
+        if whole:
+            for key in set(os.environ) - set(before):
+                del os.environ[key]
+        for key, value in before.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@contextlib.contextmanager
+def patch_environment(**kwargs: Any) -> Iterator[None]:
+    """Set the variables (names upper-cased, values as str) for the block, then restore them."""
+    with environment({key.upper(): str(value) for key, value in kwargs.items()}):
+        yield
 
 
 def purge_accelerate_environment(func_or_cls: Any) -> Any:

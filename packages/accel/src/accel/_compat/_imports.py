@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from accel._compat._environment import parse_flag_from_env
+from accel_state.xla_env import xla_opted_out
 
 
 @functools.cache
@@ -73,8 +73,8 @@ is_neuron_available = _probe("torch_neuronx")
 is_tqdm_available = _probe("tqdm")
 
 # accelerate's switch, read once at import: USE_TORCH_XLA=0 keeps a machine with torch-xla on
-# torch's own devices (the XLA strategy and every probe below read the variable as well).
-USE_TORCH_XLA = parse_flag_from_env("USE_TORCH_XLA", default=True)
+# torch's own devices (the XLA strategy and every probe below ask the same rule, xla_opted_out).
+USE_TORCH_XLA = not xla_opted_out(os.environ)
 
 
 def is_numpy_available(min_version: str = "1.25.0") -> bool:
@@ -95,7 +95,7 @@ def is_torch_xla_available(check_is_tpu: bool = False, check_is_gpu: bool = Fals
     only then)."""
     if check_is_tpu and check_is_gpu:
         raise ValueError("check_is_tpu and check_is_gpu cannot both be true.")
-    if os.environ.get("USE_TORCH_XLA", "1").lower() in ("0", "false", "no", "off"):
+    if xla_opted_out(os.environ):
         return False
     if not _installed("torch_xla"):
         return False
