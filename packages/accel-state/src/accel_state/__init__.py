@@ -6,6 +6,15 @@ when the first `PartialState()` is made.
 """
 
 from accel_state._control import ProcessControl, split_range
+from accel_state._devices import (
+    DeviceKind,
+    accelerator_entry,
+    device_entry,
+    device_kinds,
+    present_device_kinds,
+    register_device_kind,
+    unregister_device_kind,
+)
 from accel_state._enums import (
     DistributedType,
     LoggerType,
@@ -65,6 +74,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ENV_ACCEL_CONFIG",
     "CannotPadNestedTensorWarning",
+    "DeviceKind",
     "DistributedOperationException",
     "DistributedType",
     "InitProcessGroupKwargs",
@@ -76,6 +86,7 @@ __all__ = [
     "RNGType",
     "ReduceOp",
     "Topology",
+    "accelerator_entry",
     "address_toward",
     "available_backends",
     "broadcast",
@@ -83,6 +94,8 @@ __all__ = [
     "concatenate",
     "declare_shared_state",
     "detect_launch",
+    "device_entry",
+    "device_kinds",
     "find_batch_size",
     "first_slurm_host",
     "gather",
@@ -97,8 +110,10 @@ __all__ = [
     "on_main_process",
     "on_process",
     "pad_across_processes",
+    "present_device_kinds",
     "recursively_apply",
     "reduce",
+    "register_device_kind",
     "resolved_launch_config",
     "rng_state",
     "send_to_device",
@@ -110,5 +125,6 @@ __all__ = [
     "state_is_per_thread",
     "synchronize_rng_state",
     "synchronize_rng_states",
+    "unregister_device_kind",
     "wait_for_everyone",
 ]
