@@ -68,7 +68,15 @@ class CUDAKind(DeviceKind):
     async_copies = True
     default_backend_name = "nccl"
     autocast_dtypes = (torch.float16, torch.bfloat16)
+    records_memory_history = True
+    ring_attention = True
     multi_process_type = DistributedType.MULTI_GPU
+
+    def device_name(self, device: torch.device) -> str:
+        return torch.cuda.get_device_name(device)
+
+    def tf32_matmul(self) -> bool:
+        return bool(torch.backends.cuda.matmul.allow_tf32)
 
 
 def on_xla(environ: Mapping[str, str]) -> bool:

@@ -46,6 +46,11 @@ class DeviceKind:
     """An ``init_method`` the backend meets through without an address (``xla://``), or None."""
     autocast_dtypes: ClassVar[tuple[torch.dtype, ...]] = ()
     """The lower-precision dtypes ``torch.autocast`` takes on this kind."""
+    records_memory_history: ClassVar[bool] = False
+    """The allocator keeps a history of its allocations that a snapshot can record (an OOM
+    snapshot)."""
+    ring_attention: ClassVar[bool] = False
+    """torch's context-parallel ring attention runs here (it needs CUDA's SDPA kernels)."""
     multi_process_type: ClassVar[DistributedType | None] = None
     """The distributed type of a run of several processes on this kind (None: the table in
     ``_enums``, then MULTI_GPU as accelerate does)."""
@@ -180,6 +185,10 @@ class DeviceKind:
         """The peak of `memory_allocated` since the last `reset_peak_memory_stats`, or None."""
         return self._memory("max_memory_allocated", device)
 
+    def max_memory_reserved(self, device: torch.device | None = None) -> int | None:
+        """The peak of the bytes the caching allocator reserved, or None without one."""
+        return self._memory("max_memory_reserved", device)
+
     def reset_peak_memory_stats(self, device: torch.device | None = None) -> None:
         found = self._op("reset_peak_memory_stats")
         if found is not None:
@@ -200,6 +209,14 @@ class DeviceKind:
             return int(props(device).total_memory)
         except (RuntimeError, AssertionError, AttributeError, TypeError):
             return None
+
+    def device_name(self, device: torch.device) -> str:
+        """The product name of ``device`` where this kind reports one, else the kind's name."""
+        return self.name
+
+    def tf32_matmul(self) -> bool:
+        """Whether float32 matmuls run in TF32 here (a CUDA setting)."""
+        return False
 
     # processes ----------------------------------------------------------------------------
     def default_backend(self) -> str:
