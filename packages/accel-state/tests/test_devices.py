@@ -65,11 +65,14 @@ def test_memory_queries_answer_ints_or_none(kind: DeviceKind) -> None:
     for answer in (
         kind.memory_allocated(device),
         kind.max_memory_allocated(device),
+        kind.max_memory_reserved(device),
         kind.total_memory(device),
     ):
         assert answer is None or (isinstance(answer, int) and answer >= 0)
     kind.reset_peak_memory_stats(device)
     kind.empty_cache()
+    assert isinstance(kind.device_name(device), str) and kind.device_name(device)
+    assert isinstance(kind.tf32_matmul(), bool)
 
 
 def test_backend_is_available_in_torch_distributed(kind: DeviceKind) -> None:
@@ -107,6 +110,9 @@ def test_lookup_takes_devices_and_strings() -> None:
     assert cpu.rng_key == "torch_manual_seed"
     assert device_entry("cuda").rng_key == "torch_cuda_manual_seed"  # accelerate's file keys
     assert device_entry("xla").rng_key == "xm_seed"
+    assert device_entry("cuda").records_memory_history and device_entry("cuda").ring_attention
+    assert not cpu.records_memory_history and not cpu.ring_attention
+    assert cpu.device_name(torch.device("cpu")) == "cpu" and not cpu.tf32_matmul()
 
 
 def test_an_unregistered_kind_gets_torchs_defaults() -> None:
