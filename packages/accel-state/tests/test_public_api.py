@@ -14,6 +14,7 @@ import accel_state
 EXPECTED = [
     "ENV_ACCEL_CONFIG",
     "CannotPadNestedTensorWarning",
+    "DeviceKind",
     "DistributedOperationException",
     "DistributedType",
     "InitProcessGroupKwargs",
@@ -25,6 +26,7 @@ EXPECTED = [
     "RNGType",
     "ReduceOp",
     "Topology",
+    "accelerator_entry",
     "address_toward",
     "available_backends",
     "broadcast",
@@ -32,6 +34,8 @@ EXPECTED = [
     "concatenate",
     "declare_shared_state",
     "detect_launch",
+    "device_entry",
+    "device_kinds",
     "find_batch_size",
     "first_slurm_host",
     "gather",
@@ -46,8 +50,10 @@ EXPECTED = [
     "on_main_process",
     "on_process",
     "pad_across_processes",
+    "present_device_kinds",
     "recursively_apply",
     "reduce",
+    "register_device_kind",
     "resolved_launch_config",
     "rng_state",
     "send_to_device",
@@ -59,6 +65,7 @@ EXPECTED = [
     "state_is_per_thread",
     "synchronize_rng_state",
     "synchronize_rng_states",
+    "unregister_device_kind",
     "wait_for_everyone",
 ]
 

@@ -11,6 +11,7 @@ from torch import nn
 
 from accel_bigmodel._auto_map import resolve_device_map
 from accel_bigmodel._checkpoint import load_checkpoint_in_model
+from accel_bigmodel._device_kinds import copies_on_side_streams
 from accel_bigmodel._device_map import check_device_map
 from accel_bigmodel._hooks import (
     AlignDevicesHook,
@@ -134,7 +135,7 @@ def dispatch_model(
         offload_buffers=offload_buffers, skip_keys=skip_keys,
         preload_module_classes=preload_module_classes,
     )  # fmt: skip
-    if prefetch and torch_device(main).type == "cuda":
+    if prefetch and copies_on_side_streams(torch_device(main)):
         Prefetcher.attach(model, torch_device(main))
     model.hf_device_map = dict(device_map)
     return model
@@ -188,7 +189,7 @@ def cpu_offload(
         model, device, offload=True, weights_map=state_dict, offload_buffers=offload_buffers,
         preload_module_classes=preload_module_classes,
     )  # fmt: skip
-    if prefetch and device.type == "cuda":
+    if prefetch and copies_on_side_streams(device):
         Prefetcher.attach(model, device)
     return model
 
@@ -213,7 +214,7 @@ def disk_offload(
         model, device, offload=True, weights_map=loader, offload_buffers=offload_buffers,
         preload_module_classes=preload_module_classes,
     )  # fmt: skip
-    if prefetch and device.type == "cuda":
+    if prefetch and copies_on_side_streams(device):
         Prefetcher.attach(model, device)
     return model
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from accel_bigmodel._device_kinds import is_host
 from accel_bigmodel._offload import PrefixedDataset
 from accel_bigmodel._quant_params import (
     INT8_LINEAR,
@@ -311,7 +312,7 @@ class AlignDevicesHook(ModelHook):
             self.input_device = find_device([args, kwargs])
         if self.offload:
             values = self.prefetcher.take(self) if self.prefetcher else self.load_weights()
-            on_cpu = self.execution_device is None or self.execution_device.type == "cpu"
+            on_cpu = self.execution_device is None or is_host(self.execution_device)
             grad = torch.is_grad_enabled()
             for name, places, meta in self._slots:
                 value = values[name]

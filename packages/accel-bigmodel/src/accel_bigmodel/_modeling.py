@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from accel_bigmodel._device_kinds import empty_cache
 from accel_bigmodel._quant_params import is_quantized_param
 
 ENV_INIT_INCLUDE_BUFFERS = ("ACCEL_INIT_INCLUDE_BUFFERS", "ACCELERATE_INIT_INCLUDE_BUFFERS")
@@ -144,8 +145,8 @@ def set_module_tensor_to_device(
         _attach_statistics(placed, tensor_name, fp16_statistics)
     if tie is not None:
         tied_params_map[tie][device] = placed
-    if clear_cache and old is not None and old.device.type == "cuda" and placed is not old:
-        torch.cuda.empty_cache()
+    if clear_cache and old is not None and placed is not old:
+        empty_cache(old.device)
 
 
 def _attach_statistics(placed: torch.Tensor, tensor_name: str, statistics: torch.Tensor) -> None:

@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import torch
 
+from accel_bigmodel._device_kinds import copies_on_side_streams, is_host
 from accel_bigmodel._file_io import MADV_POPULATE_WRITE, Files, populate
 from accel_bigmodel._header import TensorInfo, corrupt_at
 from accel_bigmodel._reader import DEFAULT_BUFFER_SIZE, DEFAULT_THREADS
@@ -109,7 +110,7 @@ class _Engine:
     def staged(self, info: TensorInfo, out: torch.Tensor, first: int, count: int) -> None:
         """Read elements [first, first + count) of `info` and copy them into `out` (flat)."""
         size = info.dtype.itemsize
-        cuda = out.device.type == "cuda"
+        cuda = copies_on_side_streams(out.device)
         pool = self.staging(cuda)
         buf = pool.free.get()
         try:
@@ -153,7 +154,7 @@ def stream_tensors(
     stats = ReadStats() if stats is None else stats
     chunk = _chunk_size(buffer_size, threads)
     staging_count = max(1, min(threads, buffer_size // (4 * chunk)))
-    pools = {r.device.type != "cpu" for r in requests if _needs_staging(r)}
+    pools = {not is_host(r.device) for r in requests if _needs_staging(r)}
     limit = buffer_size - len(pools) * staging_count * chunk
     files = Files()
     engine = _Engine(files, chunk, staging_count, stats)
@@ -188,14 +189,14 @@ def stream_tensors(
 
 
 def _nbytes(request: ReadRequest) -> int:
-    if request.device.type != "cpu":
+    if not is_host(request.device):
         return 0  # host memory is only the staging buffers
     numel = request.info.nbytes // request.info.dtype.itemsize
     return numel * request.dtype.itemsize
 
 
 def _needs_staging(request: ReadRequest) -> bool:
-    return request.device.type != "cpu" or request.dtype != request.info.dtype
+    return not is_host(request.device) or request.dtype != request.info.dtype
 
 
 def _submit(

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from accel_bigmodel._device_kinds import is_host
 from accel_bigmodel._offload import OffloadedWeightsLoader, PrefixedDataset
 
 
@@ -26,7 +27,7 @@ def _pin_in_place(weights_map: Mapping[str, torch.Tensor], name: str) -> None:
     if not isinstance(store, dict) or key not in store:
         return
     tensor = store[key]
-    if tensor.device.type == "cpu" and not tensor.is_pinned():
+    if is_host(tensor.device) and not tensor.is_pinned():
         store[key] = tensor.pin_memory()
 
 
@@ -61,7 +62,7 @@ class Prefetcher:
         with torch.cuda.stream(self.stream):
             for name, _, meta in hook._slots:
                 source = hook.weights_map[name]
-                if source.device.type == "cpu" and not source.is_pinned():
+                if is_host(source.device) and not source.is_pinned():
                     staged = torch.empty(source.shape, dtype=source.dtype, pin_memory=True)
                     source = staged.copy_(source)
                 dtype = meta.dtype if meta.is_floating_point() else None

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import nn
 
+from accel_bigmodel._device_kinds import is_host
+
 _UNITS = {
     "": 1,
     "B": 1,
@@ -264,7 +266,7 @@ def check_device_same(first_device: torch.device, second_device: torch.device) -
     """True when two torch devices are one: "cuda" and "cuda:0" are (index None means 0)."""
     if first_device.type != second_device.type:
         return False
-    if first_device.type == "cpu":
+    if is_host(first_device):
         return first_device == second_device
     return (first_device.index or 0) == (second_device.index or 0)
 

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from accel_bigmodel._device_kinds import copies_on_side_streams, is_host
 from accel_bigmodel._fault_in import FaultIn, is_cached, map_file, mapped_tensor
 from accel_bigmodel._header import TensorInfo, UnsupportedDtype, read_header
 from accel_bigmodel._offload import dtype_name, safetensors_entries
@@ -51,7 +52,7 @@ def _read_device(device: object) -> torch.device:
     """Where the reader puts a tensor for `device`: the GPU itself, else host memory."""
     if isinstance(device, int):
         return torch.device("cuda", device)
-    if isinstance(device, torch.device) and device.type == "cuda":
+    if isinstance(device, torch.device) and copies_on_side_streams(device):
         return device
     if isinstance(device, str) and device.startswith("cuda"):
         return torch.device(device)
@@ -146,7 +147,7 @@ def _split_mapped(
     rest = []
     for info, plan in todo:
         same = placer.final_dtype(plan, info.dtype) == info.dtype
-        on_host = _read_device(plan.device).type == "cpu"
+        on_host = is_host(_read_device(plan.device))
         view = mapped_tensor(mapped, info) if same and on_host and plan.target else None
         if view is None:
             rest.append((info, plan))

@@ -37,6 +37,7 @@ from accel_bigmodel._bnb_layers import (
     skipped,
 )
 from accel_bigmodel._checkpoint import checkpoint_files, load_with_placer
+from accel_bigmodel._device_kinds import is_host
 from accel_bigmodel._device_map import check_device_map
 from accel_bigmodel._dispatch import dispatch_model
 from accel_bigmodel._header import read_safetensors_header
@@ -170,7 +171,7 @@ def get_quantized_model_device_map(
 
 def _offloaded(device_map: Mapping[str, Device]) -> list[str]:
     """The map's keys whose modules run elsewhere: "disk", and "cpu" when a GPU is the main one."""
-    on_gpu = _main_device(device_map).type != "cpu"
+    on_gpu = not is_host(_main_device(device_map))
     return [k for k, v in device_map.items() if v == "disk" or (v == "cpu" and on_gpu)]
 
 

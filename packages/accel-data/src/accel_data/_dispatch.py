@@ -9,6 +9,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 from accel_data._base import _END, _PreparedLoader, _remainder
+from accel_data._device_kinds import is_host, nccl_device
 from accel_data._ops import find_batch_size, flatten, send_to_device, slice_tensors, unflatten
 
 
@@ -179,7 +180,7 @@ def _comm_device(device: torch.device | None) -> torch.device:
     import torch.distributed as dist
 
     if dist.get_backend() == "nccl":
-        return device if device is not None and device.type == "cuda" else torch.device("cuda")
+        return nccl_device(device)
     return torch.device("cpu")
 
 
@@ -197,7 +198,7 @@ def _broadcast_batch(batch: Any, real: int, device: torch.device | None) -> tupl
             meta = [(skeleton, specs, real)]
     else:
         meta, tensors = [None], []
-    dist.broadcast_object_list(meta, src=0, device=comm if comm.type == "cuda" else None)
+    dist.broadcast_object_list(meta, src=0, device=None if is_host(comm) else comm)
     if meta[0] is None:
         return _END, -1
     skeleton, specs, real = meta[0]

@@ -13,6 +13,7 @@ from torch import nn
 
 from accel_parallel._registry import StrategyRequest, register_strategy
 from accel_parallel._strategy import ProcessInfo, Strategy
+from accel_state import device_entry
 
 
 class DDPCommunicationHookType(str, enum.Enum):
@@ -172,7 +173,7 @@ class DDPStrategy(Strategy):
         # DDP names the device of a module on one GPU; none for CPU or multi-device modules
         devices = {p.device for p in model.parameters()}
         only = next(iter(devices)) if len(devices) == 1 else torch.device("cpu")
-        device_ids = None if only.type == "cpu" else [only.index or 0]
+        device_ids = None if device_entry(only).is_host else [only.index or 0]
         wrapped = nn.parallel.DistributedDataParallel(
             model,
             device_ids=device_ids,

@@ -163,7 +163,10 @@ class FaultTolerantStrategy(DDPStrategy):
         if host is not None:
             _gloo_interface(host, env)
             addr = host if ipaddress.ip_address(_resolve(addr)).is_loopback else addr
-        pg = ProcessGroupNCCL(timeout) if self.device.type == "cuda" else ProcessGroupGloo(timeout)
+        from accel_state import device_entry  # torchft's groups: NCCL or Gloo
+
+        nccl = device_entry(self.device).default_backend() == "nccl"
+        pg = ProcessGroupNCCL(timeout) if nccl else ProcessGroupGloo(timeout)
         try:
             manager = torchft.Manager(
                 pg=pg,

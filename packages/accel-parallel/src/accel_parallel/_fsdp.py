@@ -85,7 +85,11 @@ class FSDP2Strategy(Strategy):
             from torch.distributed.device_mesh import init_device_mesh
 
             if not dist.is_initialized():  # one process: a group of one, so DCP and FSDP work
-                backend = "nccl" if self.device.type == "cuda" else "gloo"
+                from accel_state import device_entry  # nccl where that is the device's backend
+
+                backend = (
+                    "nccl" if device_entry(self.device).default_backend() == "nccl" else "gloo"
+                )
                 dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
             self._mesh = init_device_mesh(self.device.type, (dist.get_world_size(),))
         return self._mesh

@@ -62,7 +62,9 @@ def check_mesh_run(
     config: ParallelismConfig, plugin: FullyShardedDataParallelPlugin, device: torch.device
 ) -> None:
     """Refuse what a device-mesh run cannot do."""
-    if config.cp_enabled and device.type != "cuda":
+    from accel_state import device_entry  # (ring attention needs CUDA's SDPA kernels)
+
+    if config.cp_enabled and not device_entry(device).ring_attention:
         raise ValueError(
             f"ParallelismConfig(cp_size={config.cp_size}): context parallel runs torch's "
             f"ring attention, which needs the CUDA SDPA kernels; this run is on "

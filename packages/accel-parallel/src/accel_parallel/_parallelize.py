@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from accel_parallel._fsdp_plugin import FullyShardedDataParallelPlugin
+from accel_state import accelerator_entry
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -60,7 +61,8 @@ def offload_policy(plugin: FullyShardedDataParallelPlugin) -> Any:
 
     if not plugin.cpu_offload:
         return OffloadPolicy()
-    return CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+    accelerator = accelerator_entry()  # pinned host memory where copies to it are async
+    return CPUOffloadPolicy(pin_memory=accelerator is not None and accelerator.async_copies)
 
 
 def fsdp_units(model: nn.Module, plugin: FullyShardedDataParallelPlugin) -> list[nn.Module]:

@@ -6,6 +6,7 @@ import importlib.util
 
 import torch
 
+from accel_precision._device_kinds import runs_fp8_kernels
 from accel_precision._fp8_ao import AO_INSTALL
 from accel_precision._fp8_te import TE_INSTALL
 from accel_precision._kwargs import FP8RecipeKwargs
@@ -41,7 +42,7 @@ def check_fp8_support(device: torch.device | str | None = None) -> None:
     `None` means the current CUDA device. Called when an fp8 precision is made, never at import.
     """
     dev = torch.device("cuda") if device is None else torch.device(device)
-    if dev.type != "cuda":
+    if not runs_fp8_kernels(dev):
         raise RuntimeError(
             f"mixed_precision='fp8' needs a CUDA GPU of compute capability >= 8.9 (Ada, Hopper or "
             f"newer); the device is {dev.type!r}. Use 'bf16' here, or torchao's emulation "

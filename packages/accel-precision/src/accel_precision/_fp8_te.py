@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from accel_precision._device_kinds import fp8_device
 from accel_precision._kwargs import TERecipeKwargs
 
 M = TypeVar("M", bound=torch.nn.Module)
@@ -132,9 +133,7 @@ def te_fp8_autocast(
 
 
 def _te_device(t: torch.Tensor) -> torch.device:
-    return (
-        t.device if t.device.type == "cuda" else torch.device("cuda", torch.cuda.current_device())
-    )
+    return fp8_device(t)
 
 
 def _te_linear(te: ModuleType, old: torch.nn.Linear) -> torch.nn.Module:

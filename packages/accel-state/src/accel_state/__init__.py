@@ -16,6 +16,15 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what a type checker and an IDE see; at run time `__getattr__` loads them
     from accel_state._control import ProcessControl, split_range
+    from accel_state._devices import (
+        DeviceKind,
+        accelerator_entry,
+        device_entry,
+        device_kinds,
+        present_device_kinds,
+        register_device_kind,
+        unregister_device_kind,
+    )
     from accel_state._enums import DistributedType, LoggerType, PrecisionType, ReduceOp, RNGType
     from accel_state._environment import (
         ENV_ACCEL_CONFIG,
@@ -97,6 +106,13 @@ _EXPORTS: dict[str, str] = {
     "recursively_apply": "accel_state._ops",
     "reduce": "accel_state._ops",
     "send_to_device": "accel_state._ops",
+    "DeviceKind": "accel_state._devices",
+    "accelerator_entry": "accel_state._devices",
+    "device_entry": "accel_state._devices",
+    "device_kinds": "accel_state._devices",
+    "present_device_kinds": "accel_state._devices",
+    "register_device_kind": "accel_state._devices",
+    "unregister_device_kind": "accel_state._devices",
     "set_seed": "accel_state._random",
     "synchronize_rng_state": "accel_state._random",
     "synchronize_rng_states": "accel_state._random",
@@ -122,6 +138,7 @@ _EXPORTS: dict[str, str] = {
 __all__ = [
     "ENV_ACCEL_CONFIG",
     "CannotPadNestedTensorWarning",
+    "DeviceKind",
     "DistributedOperationException",
     "DistributedType",
     "InitProcessGroupKwargs",
@@ -133,6 +150,7 @@ __all__ = [
     "RNGType",
     "ReduceOp",
     "Topology",
+    "accelerator_entry",
     "address_toward",
     "available_backends",
     "broadcast",
@@ -140,6 +158,8 @@ __all__ = [
     "concatenate",
     "declare_shared_state",
     "detect_launch",
+    "device_entry",
+    "device_kinds",
     "find_batch_size",
     "first_slurm_host",
     "gather",
@@ -154,8 +174,10 @@ __all__ = [
     "on_main_process",
     "on_process",
     "pad_across_processes",
+    "present_device_kinds",
     "recursively_apply",
     "reduce",
+    "register_device_kind",
     "resolved_launch_config",
     "rng_state",
     "send_to_device",
@@ -167,6 +189,7 @@ __all__ = [
     "state_is_per_thread",
     "synchronize_rng_state",
     "synchronize_rng_states",
+    "unregister_device_kind",
     "wait_for_everyone",
 ]
 

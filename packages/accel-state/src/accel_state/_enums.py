@@ -62,7 +62,7 @@ class RNGType(_StrEnum):
     XPU = "xpu"
     HPU = "hpu"
     NEURON = "neuron"
-    XLA = "xla"  # TPU/XLA is not provided: using it is an error
+    XLA = "xla"  # XLA's generator: seeded by set_seed on XLA; synchronizing it is refused
 
 
 class ReduceOp(_StrEnum):

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import os
 import random
-import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 
+from accel_state._devices import accelerator_entry, device_entry
 from accel_state._enums import RNGType
-from accel_state.xla_env import xla_opted_out, xla_requested
 
 
 def _numpy() -> Any:
@@ -23,22 +22,11 @@ def _numpy() -> Any:
 
 
 def _on_xla(environ: Mapping[str, str]) -> bool:
-    """Whether this process runs (or will run) on an XLA device: torch-xla is imported, or
-    installed with a device named (accel_state.xla_env's rules, the opt-out `USE_TORCH_XLA=0`
-    first). torch_xla is imported by the caller only then."""
-    if xla_opted_out(environ):
-        return False
-    return "torch_xla" in sys.modules or xla_requested(environ)
+    """Whether this process runs (or will run) on an XLA device (the xla entry's rule);
+    torch_xla is imported by the caller only then."""
+    from accel_state._device_kinds import on_xla
 
-
-def _accelerator_module() -> Any:
-    """torch.cuda (or xpu, ...) when an accelerator exists, else None. Does not initialize it."""
-    acc = getattr(torch, "accelerator", None)
-    if acc is not None and acc.is_available():
-        current = acc.current_accelerator()
-        if current is not None:
-            return torch.get_device_module(current.type)
-    return None
+    return on_xla(environ)
 
 
 def set_seed(
@@ -66,13 +54,11 @@ def set_seed(
     if np is not None:
         np.random.seed(seed % 2**32)
     torch.manual_seed(seed)  # also seeds every CUDA device lazily
-    module = _accelerator_module()
-    if module is not None and hasattr(module, "manual_seed_all"):
-        module.manual_seed_all(seed)
+    entry = accelerator_entry()
+    if entry is not None:
+        entry.manual_seed_all(seed)
     if _on_xla(os.environ):  # XLA's generator is its own (accelerate: xm.set_rng_state)
-        import torch_xla.core.xla_model as xm
-
-        xm.set_rng_state(seed)
+        device_entry("xla").manual_seed_all(seed)
     if deterministic:
         torch.use_deterministic_algorithms(True)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -116,13 +102,14 @@ def synchronize_rng_state(
         torch.set_rng_state(_broadcast_state(torch.get_rng_state(), device))
     elif kind is RNGType.XLA:
         raise ValueError(
-            "synchronize_rng_state('xla'): TPU/XLA is not provided by accel; use the generator "
-            "of the device this run has ('cuda', 'xpu', ...) or 'torch'."
+            "synchronize_rng_state('xla') is not supported by accel (on XLA, set_seed seeds "
+            "XLA's generator on every process); use the generator of the device this run has "
+            "('cuda', 'xpu', ...) or 'torch'."
         )
     elif kind in _DEVICE_KINDS:
-        module = _accelerator_module()
-        if module is not None:
-            module.set_rng_state(_broadcast_state(module.get_rng_state(), device))
+        entry = accelerator_entry()
+        if entry is not None:
+            entry.set_rng_state(_broadcast_state(entry.get_rng_state(), device))
     elif kind is RNGType.GENERATOR:
         if generator is None:
             raise ValueError("synchronize_rng_state('generator') needs the generator to sync.")

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from accel_state._devices import accelerator_entry
+
 
 def rng_state(step: int) -> dict[str, Any]:
     """This process's step counter and every RNG, under accelerate's keys."""
@@ -30,10 +32,9 @@ def rng_state(step: int) -> dict[str, Any]:
         state["numpy_random_seed"] = np.random.get_state()
     except ImportError:
         pass
-    acc = getattr(torch, "accelerator", None)
-    if acc is not None and acc.is_available():
-        kind = acc.current_accelerator().type
-        state[f"torch_{kind}_manual_seed"] = torch.get_device_module(kind).get_rng_state_all()
+    entry = accelerator_entry()
+    if entry is not None:
+        state[entry.rng_key] = entry.get_rng_state_all()
     return state
 
 
@@ -45,11 +46,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
         np.random.set_state(state["numpy_random_seed"])
     torch.set_rng_state(state["torch_manual_seed"])
-    acc = getattr(torch, "accelerator", None)
-    if acc is not None and acc.is_available():
-        kind = acc.current_accelerator().type
-        if f"torch_{kind}_manual_seed" in state:
-            torch.get_device_module(kind).set_rng_state_all(state[f"torch_{kind}_manual_seed"])
+    entry = accelerator_entry()
+    if entry is not None and entry.rng_key in state:
+        entry.set_rng_state_all(state[entry.rng_key])
 
 
 def _numpy_globals() -> list[Any]:

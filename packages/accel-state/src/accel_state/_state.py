@@ -15,7 +15,8 @@ from typing import Any, ClassVar
 import torch
 
 from accel_state._control import ProcessControl
-from accel_state._enums import MULTI_DEVICE_TYPES, DistributedType
+from accel_state._devices import device_entry
+from accel_state._enums import DistributedType
 from accel_state._environment import (
     DEFAULT_MASTER_PORT,
     ENV_ACCEL_CONFIG,
@@ -146,13 +147,10 @@ def _backend_available(name: str) -> bool:
 
 def _accelerator_type() -> str | None:
     """The accelerator torch would use, or None when there is none (a CPU-only machine)."""
-    acc = getattr(torch, "accelerator", None)
-    if acc is None:
-        return "cuda" if torch.cuda.is_available() else None
-    if not acc.is_available():
-        return None
-    current = acc.current_accelerator()
-    return None if current is None else current.type
+    from accel_state._devices import accelerator_entry
+
+    entry = accelerator_entry()
+    return None if entry is None else entry.name
 
 
 def _pick_device(cpu: bool, local_rank: int, world_size: int) -> torch.device:
@@ -168,29 +166,19 @@ def _pick_device(cpu: bool, local_rank: int, world_size: int) -> torch.device:
     kind = None if cpu else _accelerator_type()
     if kind is None:
         return torch.device("cpu")
-    count = torch.get_device_module(kind).device_count()
+    entry = device_entry(kind)
+    count = entry.device_count()
     if local_rank >= count:
         raise RuntimeError(
             f"Local rank {local_rank} has no {kind} device: only {count} are visible. Launch at most "
             f"{count} processes per node, fix CUDA_VISIBLE_DEVICES (or --gpu_ids), or pass cpu=True."
         )
-    return torch.device(
-        kind, local_rank if world_size > 1 else torch.get_device_module(kind).current_device()
-    )
+    return entry.device_for_rank(local_rank, world_size)
 
 
 def _pick_backend(device: torch.device, requested: str | None) -> str:
     if requested is None:
-        if device.type == "cuda":
-            requested = "nccl"
-        elif device.type == "xla":
-            requested = "xla"  # registered by torch_xla.distributed.xla_backend
-        elif device.type == "cpu":
-            requested = "gloo"
-        else:
-            import torch.distributed as dist
-
-            requested = dist.get_default_backend_for_device(device)
+        requested = device_entry(device).default_backend()
     if not _backend_available(requested):
         raise ValueError(
             f"backend={requested!r} is not available in this torch build; available: "
@@ -266,7 +254,7 @@ class PartialState(ProcessControl):
     def _check_consistent(self, **asked: Any) -> None:
         topo = self.topology
         actual = {
-            "cpu": topo.device.type == "cpu",
+            "cpu": device_entry(topo.device).is_host,
             "backend": topo.backend,
             "num_processes": topo.num_processes,
         }
@@ -429,8 +417,9 @@ def _build_topology(
 
     chosen = _pick_backend(device, backend)
     init_method = pg_kwargs.init_method
-    if init_method is None and device.type == "xla":
-        init_method = "xla://"  # torch-xla's backend meets through its runtime: no address
+    entry = device_entry(device)
+    if init_method is None:  # xla's backend meets through its runtime: no address
+        init_method = entry.rendezvous_init_method
     if init_method is None:
         if not info.master_addr:
             raise RuntimeError(
@@ -439,8 +428,7 @@ def _build_topology(
                 f"export MASTER_ADDR (and MASTER_PORT) on every process."
             )
         init_method = f"tcp://{info.master_addr}:{info.master_port or DEFAULT_MASTER_PORT}"
-    if device.type not in ("cpu", "xla"):
-        torch.get_device_module(device.type).set_device(device)
+    entry.set_device(device)
     extra = dict(pg_kwargs.extra)
     if pg_kwargs.timeout is not None:
         extra["timeout"] = pg_kwargs.timeout
@@ -511,12 +499,7 @@ def _destroy_gloo_group() -> None:
 
 
 def _topology(info: LaunchInfo, device: torch.device, backend: str | None) -> Topology:
-    if device.type == "xla":
-        dtype = DistributedType.XLA
-    elif info.world_size > 1:
-        dtype = MULTI_DEVICE_TYPES.get(device.type, DistributedType.MULTI_GPU)
-    else:
-        dtype = DistributedType.NO
+    dtype = device_entry(device).distributed_type(info.world_size)
     return Topology(
         launcher=info.launcher,
         process_index=info.rank,

@@ -38,7 +38,7 @@ from accel._stopping import StoppingMixin
 from accel._tracking_mixin import TrackingMixin
 from accel._wrappers import AcceleratedOptimizer, AcceleratedScheduler, runs_base
 from accel_data import DataLoaderConfiguration, skip_first_batches
-from accel_state import DistributedType, ProcessControl, resolved_launch_config
+from accel_state import DistributedType, ProcessControl, device_entry, resolved_launch_config
 
 # accel-parallel's and accel-precision's names are imported where they are used: which engine
 # and precision a run takes is decided when an Accelerator is made, and importing every engine
@@ -599,7 +599,4 @@ def _xla_placement(cpu: bool | None, strategy: Any) -> dict[str, Any]:
 
 
 def _empty_cache(device: torch.device) -> None:
-    if device.type not in ("cpu", "xla"):  # torch-xla frees device memory itself
-        module = torch.get_device_module(device.type)
-        if hasattr(module, "empty_cache"):
-            module.empty_cache()
+    device_entry(device).empty_cache()  # a no-op on the host and on XLA, which frees its own

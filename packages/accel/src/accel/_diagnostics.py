@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from accel import _accelerator_config as _config_of
-from accel_state import resolved_launch_config
+from accel_state import device_entry, resolved_launch_config
 
 if TYPE_CHECKING:
     from accel_state.hang import HangDoctor
@@ -105,7 +105,7 @@ def start_oom_snapshot(
     record."""
     if not enabled:
         return None
-    if device.type != "cuda":
+    if not device_entry(device).records_memory_history:
         warnings.warn(
             f"oom_memory_snapshot=True on device {device}: only CUDA's allocator keeps a "
             f"history to snapshot, so nothing is recorded on this run.",

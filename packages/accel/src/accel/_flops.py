@@ -16,6 +16,8 @@ from collections.abc import Callable
 
 import torch
 
+from accel_state import device_entry
+
 # Dense peak TFLOP/s by compute dtype. "tf32" is float32 matmuls on tensor cores (used when
 # torch allows TF32); "fp32" is plain float32 on the CUDA cores.
 _TABLE: tuple[tuple[tuple[str, ...], dict[str, float]], ...] = (
@@ -57,7 +59,7 @@ def compute_dtype(mixed_precision: str, device: torch.device) -> str:
     mode = mixed_precision.split("-")[0]
     if mode in ("fp8", "bf16", "fp16"):
         return mode
-    tf32 = device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32
+    tf32 = device_entry(device).tf32_matmul()
     return "tf32" if tf32 or torch.get_float32_matmul_precision() != "highest" else "fp32"
 
 
@@ -72,15 +74,13 @@ def table_peak(device_name: str, dtype: str) -> float | None:
 
 
 def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return device.type
+    return device_entry(device).device_name(device)
 
 
 def device_peak_flops(device: torch.device, dtype: str) -> PeakFlops:
     """The peak FLOP/s that MFU is measured against: the table's, else measured once."""
     name = device_name(device)
-    peak = table_peak(name, dtype) if device.type == "cuda" else None
+    peak = table_peak(name, dtype)  # a kind without product names ("cpu") matches no row
     if peak is not None:
         return PeakFlops(peak, "table", name, dtype)
     return PeakFlops(_measured_peak(str(device), dtype), "measured", name, dtype)
@@ -91,7 +91,7 @@ def _measured_peak(device: str, dtype: str, seconds: float = 0.2) -> float:
     """The best FLOP/s of square matmuls over about `seconds` (after a warm-up), cached per
     device and dtype: the most this process gets from this device in practice."""
     where = torch.device(device)
-    n = 512 if where.type == "cpu" else 4096
+    n = 512 if device_entry(where).is_host else 4096
     torch_dtype = _DTYPES.get(dtype, torch.float32)
     a = torch.randn(n, n, device=where, dtype=torch_dtype)
     b = torch.randn(n, n, device=where, dtype=torch_dtype)
@@ -111,10 +111,10 @@ def _measured_peak(device: str, dtype: str, seconds: float = 0.2) -> float:
 
 
 def _synchronizer(device: torch.device) -> Callable[[], None]:
-    if device.type == "cpu":
+    entry = device_entry(device)
+    if entry.is_host:
         return lambda: None
-    module = torch.get_device_module(device.type)
-    return lambda: module.synchronize(device)
+    return lambda: entry.synchronize(device)
 
 
 class _GlobalOnly:

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from accel_state import device_entry
+
 MEMORY_CHECK_ENV = "ACCEL_MEMORY_CHECK"
 
 
@@ -29,14 +31,15 @@ def requested_memory(value: Any, device: torch.device) -> int | None:
     from accel_parallel.memory import parse_memory
 
     if value == "auto":
-        if device.type != "cuda":
+        total = device_entry(device).total_memory(device)
+        if total is None:
             warnings.warn(
-                f"memory_check='auto' needs a CUDA device to read its memory (this process "
-                f"runs on {device}); give the size instead, e.g. memory_check='80GiB'.",
+                f"memory_check='auto' needs a device that reports its memory, such as a CUDA "
+                f"GPU (this process runs on {device}); give the size instead, e.g. "
+                f"memory_check='80GiB'.",
                 stacklevel=3,
             )
-            return None
-        return torch.cuda.get_device_properties(device).total_memory
+        return total
     try:
         return parse_memory(value)
     except ValueError as err:

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from accel._config import ProfileKwargs
+from accel_state import device_entry
 
 
 def make_profiler(handler: ProfileKwargs, device: torch.device) -> Any:
@@ -14,7 +15,7 @@ def make_profiler(handler: ProfileKwargs, device: torch.device) -> Any:
 
     names = handler.activities
     if names is None:
-        names = ("cpu",) if device.type == "cpu" else ("cpu", device.type)
+        names = ("cpu",) if device_entry(device).is_host else ("cpu", device.type)
     activities = []
     for name in names:
         activity = getattr(ProfilerActivity, name.upper(), None)

@@ -35,7 +35,7 @@ from torch import nn
 
 from accel import _flops
 from accel._config import StepMetricsKwargs
-from accel_state import find_batch_size
+from accel_state import DeviceKind, device_entry, find_batch_size
 
 # The keys of `accelerator.step_metrics` (documented, relied on by scripts and tests).
 METRIC_KEYS = (
@@ -191,9 +191,10 @@ class StepMetrics:
         self.backward_done()  # a backward not made through accelerator.backward
         device = self.owner.device
         memory = None
-        if device.type != "cpu":  # the step's kernels are done before the clock is read
-            torch.get_device_module(device.type).synchronize(device)
-            memory = _cuda_memory(device) if device.type == "cuda" else None
+        entry = device_entry(device)
+        if not entry.is_host:  # the step's kernels are done before the clock is read
+            entry.synchronize(device)
+            memory = _allocator_memory(entry, device)
         now = time.perf_counter()
         self.steps += 1
         seconds = now - (self._start if self._start is not None else now)
@@ -273,15 +274,15 @@ def _shapes(values: Any) -> list[tuple[int, ...]]:
     return [tuple(v.shape) for v in values if isinstance(v, torch.Tensor)]
 
 
-def _cuda_memory(device: torch.device) -> dict[str, int]:
-    """The step's peak of the CUDA allocator, allocated and reserved bytes (then reset, so
-    that the next step's peak is its own)."""
-    figures = {
-        "peak_memory_bytes": torch.cuda.max_memory_allocated(device),
-        "peak_memory_reserved_bytes": torch.cuda.max_memory_reserved(device),
-    }
-    torch.cuda.reset_peak_memory_stats(device)
-    return figures
+def _allocator_memory(entry: DeviceKind, device: torch.device) -> dict[str, int] | None:
+    """The step's peak of the device's caching allocator, allocated and reserved bytes (then
+    reset, so that the next step's peak is its own); None where the device counts neither."""
+    allocated = entry.max_memory_allocated(device)
+    reserved = entry.max_memory_reserved(device)
+    if allocated is None or reserved is None:
+        return None
+    entry.reset_peak_memory_stats(device)
+    return {"peak_memory_bytes": allocated, "peak_memory_reserved_bytes": reserved}
 
 
 def _process_peak_memory() -> dict[str, int]:

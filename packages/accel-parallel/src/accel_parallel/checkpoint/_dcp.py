@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from accel_parallel._io import WRITE_THREADS, add_job, fsync_enabled, staging
+from accel_state import accelerator_entry
 
 
 class DCPWriter:
@@ -53,8 +54,9 @@ class DCPWriter:
         if stager is None:
             from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
+            accelerator = accelerator_entry()  # pinned staging where host copies are async
             options = StagingOptions(
-                use_pinned_memory=torch.cuda.is_available(),
+                use_pinned_memory=accelerator is not None and accelerator.async_copies,
                 use_shared_memory=False,
                 use_async_staging=False,
                 use_non_blocking_copy=False,

@@ -15,6 +15,7 @@ from accel_state import (
     DistributedOperationException,
     PartialState,
     broadcast,
+    device_entry,
     find_batch_size,
     gather_object,
     recursively_apply,
@@ -191,7 +192,7 @@ def gather_tensor_shape(tensor: torch.Tensor | None) -> tuple[torch.Tensor, int]
 
 def is_torch_xpu_tensor(tensor: Any) -> bool:
     """True for a tensor on an Intel XPU device."""
-    return isinstance(tensor, torch.Tensor) and tensor.device.type == "xpu"
+    return isinstance(tensor, torch.Tensor) and device_entry(tensor.device) is device_entry("xpu")
 
 
 def _debug_on() -> bool:
