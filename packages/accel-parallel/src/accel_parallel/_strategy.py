@@ -14,11 +14,13 @@ What differs between backends, and what a strategy therefore owns:
 
 After ``prepare`` the Accelerator only calls these methods; it never branches on the type or
 the name. What only some engines can do is a small protocol (`JoinsUnevenInputs`) or a
-method with a neutral default (`fsdp_plugin`, `engine_plugins`, `distributed_type`).
+method with a neutral default (`fsdp_plugin`, `engine_plugins`, `distributed_type`,
+`close`: what an engine starts, `end_training` stops).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -123,6 +125,24 @@ class Strategy:
 
     def set_rng_state(self, state: Any) -> None:
         """Restore what `rng_state` captured (entries it does not know are ignored)."""
+
+    # -- what an engine starts, it stops --------------------------------------------------
+    def close(self) -> None:
+        """Stop what this strategy started (servers, managers, threads): `end_training` calls
+        it, and interpreter exit does for an engine that called `close_at_exit`. A second
+        call does nothing. Nothing to stop here."""
+
+    def close_at_exit(self) -> None:
+        """Run `close` at interpreter exit unless it ran before: an engine calls this when it
+        starts something, so that a script needs no name of the engine's to stop it."""
+        if not self.__dict__.get("_closes_at_exit"):
+            self._closes_at_exit = True
+            atexit.register(self.close)
+
+    def forget_close_at_exit(self) -> None:
+        """Drop the exit hook of `close_at_exit` (`close` calls this once it has run)."""
+        if self.__dict__.pop("_closes_at_exit", False):
+            atexit.unregister(self.close)
 
     # -- data parallel (a device mesh narrows these to its data-parallel dimensions) ------
     device_mesh: Any = None
