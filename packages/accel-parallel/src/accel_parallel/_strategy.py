@@ -15,7 +15,8 @@ What differs between backends, and what a strategy therefore owns:
 After ``prepare`` the Accelerator only calls these methods; it never branches on the type or
 the name. What only some engines can do is a small protocol (`JoinsUnevenInputs`) or a
 method with a neutral default (`fsdp_plugin`, `engine_plugins`, `distributed_type`,
-`close`: what an engine starts, `end_training` stops).
+`close`: what an engine starts, `end_training` stops; `placement`: where the engine's runtime
+puts this process).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -81,6 +82,14 @@ class Strategy:
     @property
     def device(self) -> torch.device:
         return self.info.device
+
+    @classmethod
+    def placement(cls, environ: Mapping[str, str], *, named: bool) -> ProcessInfo | None:
+        """Where this process runs when the engine's runtime decides it rather than accel-state
+        (torch-xla's), asked before the process state is made: for a run that names this
+        strategy (`named`), or, for one that names none, whether it would place it. None (the
+        default): accel-state decides."""
+        return None
 
     def attach_precision(self, precision: Any) -> None:
         """The run's precision object (accel-precision's), made for this strategy: its
