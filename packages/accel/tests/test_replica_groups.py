@@ -185,7 +185,6 @@ def test_end_training_stops_the_manager_once(
     lighthouse: Callable[[int], str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import atexit
-    import socket
     from urllib.parse import urlsplit
 
     exit_hooks: list[Any] = []  # what would run at interpreter exit (the real list too)
@@ -208,8 +207,22 @@ def test_end_training_stops_the_manager_once(
     assert shutdowns == {"shutdown": 1}
     assert acc.strategy.close not in exit_hooks  # stopped already: nothing left for exit
     assert manager._executor._shutdown  # the manager's threads are told to stop
-    with pytest.raises(OSError):  # its server (the lighthouse's client) is gone
-        socket.create_connection((served.hostname, served.port), timeout=2).close()
+    assert _closes(served.hostname, served.port)  # its server (the lighthouse's client) too
     acc.end_training()  # a second end_training is harmless: nothing is stopped twice
     acc.strategy.shutdown()
     assert shutdowns == {"shutdown": 1}
+
+
+def _closes(host: str, port: int, within: float = 20.0) -> bool:
+    """Whether the server at host:port stops accepting connections within `within` seconds
+    (torchft's manager server stops on its own threads after shutdown returns)."""
+    import socket
+
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+        except OSError:
+            return True
+        time.sleep(0.1)
+    return False
