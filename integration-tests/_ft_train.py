@@ -85,4 +85,4 @@ final = {
 torch.save(final, out / f"g{group}_r{rank}_final.pt")
 if save_dir:
     accelerator.save_state(save_dir)
-strategy.shutdown()
+accelerator.end_training()  # stops the manager the strategy started

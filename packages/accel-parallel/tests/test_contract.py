@@ -272,6 +272,9 @@ def run_contract(name: str, info: ProcessInfo, folder: Path) -> dict[str, Any]:
     # one more step from the saved run and from the loaded one: momentum included, the same
     _step(strategy, model, opt, flag, STEPS)
     _step(fresh, fresh_model, fresh_opt, fresh_flag, STEPS)
+    for done in (strategy, fresh):  # end_training's hook: what the engine started, stopped
+        done.close()
+        done.close()  # and a second end_training does nothing more
     return {
         "type": type(strategy).__name__,
         "norms": norms,

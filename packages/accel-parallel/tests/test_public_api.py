@@ -48,6 +48,7 @@ EXPECTED = [
     "mesh_local_rank",
     "no_sync_all",
     "parallel_writes",
+    "process_placement",
     "register_comm_hook",
     "register_strategy",
     "registered_strategies",

@@ -155,6 +155,31 @@ def test_a_new_engine_is_a_registration() -> None:
         _registry._REGISTRY.pop("recording")
 
 
+class _Placing(Strategy):
+    """An engine whose runtime places the process: named, or where $PLACED is set."""
+
+    @classmethod
+    def placement(cls, environ, *, named: bool) -> ProcessInfo | None:
+        return FOUR if named or environ.get("PLACED") else None
+
+
+def test_the_strategy_places_the_process_where_its_runtime_decides() -> None:
+    from accel_parallel import process_placement
+
+    assert process_placement(None, {}) is None  # accel-state decides: no engine places it
+    assert process_placement("ddp", {}) is None and process_placement("nonesuch", {}) is None
+    register_strategy("placing", lambda request: _Placing(request.info), kind=_Placing)
+    try:
+        assert process_placement("placing", {}) == FOUR  # named
+        assert process_placement(None, {"PLACED": "1"}) == FOUR  # unnamed, and it places it
+        assert process_placement(None, {}) is None
+        assert process_placement(_Placing(ONE), {"PLACED": "1"}) is None  # a ready strategy
+    finally:
+        from accel_parallel import _registry
+
+        _registry._REGISTRY.pop("placing")
+
+
 def test_sequence_parallel_runs_under_deepspeed_from_code_or_launch_and_is_refused_elsewhere():
     """sp_size > 1 is DeepSpeed's (its claim is above a mesh's); any other engine is refused
     with the fix named."""

@@ -5,6 +5,7 @@ where two must meet). The launched runs are in integration-tests/test_replica_gr
 - Gradient accumulation: exactly one quorum and one commit per optimizer step.
 - Two groups given one id: both fail with an error that names the id, within the timeout.
 - A checkpoint keeps the groups' step: a run restarted whole from it continues counting.
+- end_training stops the manager (its server, threads, exit hook), once.
 """
 
 from __future__ import annotations
@@ -178,3 +179,50 @@ def test_a_run_restarted_whole_from_a_checkpoint_continues_the_groups_step(
         assert again[0].strategy.current_step == 3
     finally:
         again[0].strategy.shutdown()
+
+
+def test_end_training_stops_the_manager_once(
+    lighthouse: Callable[[int], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import atexit
+    from urllib.parse import urlsplit
+
+    exit_hooks: list[Any] = []  # what would run at interpreter exit (the real list too)
+    register, unregister = atexit.register, atexit.unregister
+    monkeypatch.setattr(atexit, "register", lambda f: (exit_hooks.append(f), register(f))[1])
+    monkeypatch.setattr(
+        atexit, "unregister", lambda f: ([exit_hooks.remove(h) for h in exit_hooks if h == f],
+                                         unregister(f))[1]
+    )  # fmt: skip
+    acc = _accelerator(lighthouse(1), 0, 1)
+    model = _model()
+    model, optimizer = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    acc.backward(model(torch.ones(2, 4)).sum())
+    optimizer.step()
+    assert acc.strategy.close in exit_hooks  # a script that never ends training: at exit
+    manager = acc.strategy.manager
+    served = urlsplit(manager._manager.address())
+    shutdowns = _count_calls(manager, ("shutdown",))
+    acc.end_training()
+    assert shutdowns == {"shutdown": 1}
+    assert acc.strategy.close not in exit_hooks  # stopped already: nothing left for exit
+    assert manager._executor._shutdown  # the manager's threads are told to stop
+    assert _closes(served.hostname, served.port)  # its server (the lighthouse's client) too
+    acc.end_training()  # a second end_training is harmless: nothing is stopped twice
+    acc.strategy.shutdown()
+    assert shutdowns == {"shutdown": 1}
+
+
+def _closes(host: str, port: int, within: float = 20.0) -> bool:
+    """Whether the server at host:port stops accepting connections within `within` seconds
+    (torchft's manager server stops on its own threads after shutdown returns)."""
+    import socket
+
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+        except OSError:
+            return True
+        time.sleep(0.1)
+    return False

@@ -12,11 +12,12 @@ overflow does). A dead group costs the others one refused step and a quorum with
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import ipaddress
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -26,7 +27,7 @@ from torch import nn
 
 from accel_parallel._ddp import DDPStrategy
 from accel_parallel._registry import StrategyRequest, register_strategy
-from accel_parallel._strategy import ProcessInfo
+from accel_parallel._strategy import ProcessInfo, Strategy
 from accel_parallel.fault_tolerance import (
     FaultTolerancePlugin,
     environ,
@@ -43,10 +44,16 @@ from accel_state.hosts import (
 _REPLICA_PREFIX = "accel_replica_group_"
 
 
-class FaultTolerantStrategy(DDPStrategy):
-    """DDP inside a replica group, torchft's quorum, average and commit across groups."""
+class FaultTolerantStrategy(Strategy):
+    """DDP inside a replica group, torchft's quorum, average and commit across groups.
+
+    It holds the group's data-parallel engine (`inner`, a `DDPStrategy`), which wraps the
+    model and owns `no_sync` and `join` inside the group; the manager it starts, `close`
+    (`end_training`, or interpreter exit) stops."""
 
     name = "fault_tolerant"
+    supports_no_sync = True
+    reshardable = True  # full (replicated) states: they load on any number of processes
 
     def __init__(
         self,
@@ -58,11 +65,12 @@ class FaultTolerantStrategy(DDPStrategy):
         clip_norm: float | None = None,
     ) -> None:
         import_torchft()  # the missing extra is named when the strategy is chosen
-        super().__init__(info, ddp_kwargs, clip_norm=clip_norm)
+        super().__init__(info, clip_norm=clip_norm)
+        self.inner = DDPStrategy(info, ddp_kwargs, clip_norm=clip_norm)
         self.plugin = plugin
         self.lighthouse = lighthouse
         self.manager: Any = None
-        self.refused_steps = 0
+        self._closed = False
         self._models: list[nn.Module] = []
         self._optimizers: list[torch.optim.Optimizer] = []
         self._schedulers: list[Any] = []
@@ -104,12 +112,34 @@ class FaultTolerantStrategy(DDPStrategy):
         self._optimizers += optimizers
         if models and self.manager is None:
             self.manager = self._make_manager()
+            self.close_at_exit()
         return wrapped, optimizers
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
+        """DDP inside the group (the inner engine's), the model only moved in a group of one."""
         if self.info.num_processes > 1:
-            return super().wrap_model(model)
+            return self.inner.wrap_model(model)
         return self.move_model(model)
+
+    @contextlib.contextmanager
+    def keeping_placement(self) -> Iterator[None]:
+        with super().keeping_placement(), self.inner.keeping_placement():
+            yield
+
+    def memory_engine(self) -> tuple[str, dict[str, Any]]:
+        return self.inner.memory_engine()
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
+        return self.inner.no_sync(model)
+
+    def sync_in_backward(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
+        return self.inner.sync_in_backward(model)
+
+    def join(
+        self, joinables: list[Any], *, enable: bool
+    ) -> contextlib.AbstractContextManager[None]:
+        """The inner engine's `Join` over the group's DDP models and optimizers."""
+        return self.inner.join(joinables, enable=enable)
 
     def register_for_healing(self, *objects: Any) -> None:
         """A (re)joining group loads these objects' state from a live peer."""
@@ -275,7 +305,6 @@ class FaultTolerantStrategy(DDPStrategy):
         self._average_gradients(optimizer)
         self._quorum_open = False
         if not self.manager.should_commit():
-            self.refused_steps += 1
             return False
         return super().optimizer_step(optimizer, precision)
 
@@ -295,11 +324,20 @@ class FaultTolerantStrategy(DDPStrategy):
                 g.copy_(flat[offset : offset + g.numel()].view_as(g))
                 offset += g.numel()
 
-    def shutdown(self) -> None:
+    def close(self) -> None:
+        """Stop what this strategy started: the semi-synchronous wrapper's hooks, then
+        torchft's manager (its manager server, lighthouse client, checkpoint server and
+        threads). `end_training` calls it, and interpreter exit does; once."""
+        if self._closed:
+            return
+        self._closed = True
+        self.forget_close_at_exit()
         if self._semi_sync is not None:
             self._semi_sync.__exit__(None, None, None)
         if self.manager is not None:
             self.manager.shutdown(wait=False)
+
+    shutdown = close  # the name scripts used before end_training stopped it
 
 
 def _resolve(host: str) -> str:

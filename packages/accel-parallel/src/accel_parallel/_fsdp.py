@@ -1,49 +1,34 @@
 """FSDP2: parameters sharded over the processes with `torch.distributed.fsdp.fully_shard`.
 
 Each unit (chosen by the plugin's auto-wrap policy) and the root become FSDP modules whose
-parameters are DTensors sharded on dim 0 (`accel_parallel._parallelize.apply_fsdp`). Sharding
-replaces the parameters, so the optimizers of the same `prepare` call are re-pointed at the
-new ones. Checkpoints go through `torch.distributed.checkpoint`: sharded (each process writes
-its shard; loads on any number of processes) or full (gathered, written once).
+parameters are DTensors sharded on dim 0: the strategy holds an `FSDP2Sharder` over a 1-D mesh
+of every process, which applies `accel_parallel._parallelize.apply_fsdp`. Sharding replaces
+the parameters, so the optimizers of the same `prepare` call are re-pointed at the new ones.
+Checkpoints go through `torch.distributed.checkpoint`: sharded (each process writes its shard;
+loads on any number of processes) or full (gathered, written once); that part, shared with the
+mesh strategy, is `accel_parallel._dtensor_strategy.DTensorStrategy`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
-from accel_parallel import _dtensor
+from accel_parallel._dtensor_strategy import DTensorStrategy
 from accel_parallel._fsdp_plugin import FullyShardedDataParallelPlugin
-from accel_parallel._io import save_object
-from accel_parallel._parallelize import (
-    apply_activation_checkpointing,
-    apply_fsdp,
-    fsdp_units,
-    ignored_parameters,
-)
+from accel_parallel._fsdp_sharder import FSDP2Sharder
 from accel_parallel._registry import StrategyRequest, register_strategy
-from accel_parallel._strategy import ProcessInfo, Strategy, prepared_with
-from accel_parallel.checkpoint import _dcp
-from accel_parallel.checkpoint._formats import FULL
-from accel_parallel.checkpoint._layout import (
-    fsdp_model_file,
-    fsdp_model_folder,
-    fsdp_optimizer_folder,
-)
+from accel_parallel._strategy import ProcessInfo
 
 
-class FSDP2Strategy(Strategy):
-    """`fully_shard` over all processes (a 1-D mesh); see the module docstring."""
+class FSDP2Strategy(DTensorStrategy):
+    """`fully_shard` over all processes (a 1-D mesh), through the `FSDP2Sharder` it holds;
+    see the module docstring."""
 
     name = "fsdp"
     supports_no_sync = True
-    sharded = True  # fp16 needs a ShardedGradScaler
-    reshardable = True  # sharded checkpoints load on another number of processes
 
     def __init__(
         self,
@@ -53,29 +38,19 @@ class FSDP2Strategy(Strategy):
         *,
         clip_norm: float | None = None,
     ) -> None:
-        super().__init__(info, clip_norm=clip_norm)
-        self.plugin = plugin or FullyShardedDataParallelPlugin()
-        self.mixed_precision = mixed_precision
+        super().__init__(info, plugin, mixed_precision, clip_norm=clip_norm)
         self._mesh: Any = None
-        self._optimizer_models: dict[int, nn.Module] = {}
-        self._writer = _dcp.DCPWriter()
+        self.sharder = FSDP2Sharder(self.plugin, mixed_precision, self._device_mesh)
 
     @property
     def fsdp_plugin(self) -> FullyShardedDataParallelPlugin | None:
         return self.plugin
 
     def distributed_type(self, topology: Any) -> Any:
-        from accel_state import DistributedType
+        return self.sharder.distributed_type(topology)
 
-        return DistributedType.FSDP
-
-    def memory_engine(self) -> tuple[str, dict[str, Any]]:
-        plugin = self.plugin
-        return "fsdp2", {
-            "reshard_after_forward": bool(plugin.reshard_after_forward),
-            "offload": bool(plugin.cpu_offload),
-            "activation_checkpointing": bool(plugin.activation_checkpointing),
-        }
+    def memory_engine(self) -> tuple[str, dict[str, Any]] | None:
+        return self.sharder.memory_engine()
 
     # -- preparing -----------------------------------------------------------------------
     def _device_mesh(self) -> Any:
@@ -93,15 +68,6 @@ class FSDP2Strategy(Strategy):
                 dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
             self._mesh = init_device_mesh(self.device.type, (dist.get_world_size(),))
         return self._mesh
-
-    def prepare(
-        self, models: list[nn.Module], optimizers: list[torch.optim.Optimizer]
-    ) -> tuple[list[nn.Module], list[torch.optim.Optimizer]]:
-        if self.info.process_index == 0:
-            self.plugin.warn_notices()
-        wrapped, trained = _dtensor.repoint_optimizers(models, optimizers, self.wrap_model)
-        self._optimizer_models.update(trained)
-        return wrapped, optimizers
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         from torch.distributed.fsdp import FSDPModule
@@ -126,23 +92,8 @@ class FSDP2Strategy(Strategy):
         return model
 
     def parallelize(self, model: nn.Module) -> None:
-        """The engine applied to `model` in place, where it is (`wrap_model` has moved it):
-        FSDP2's sharding here, tensor parallel first on a device mesh."""
-        self.shard(model)
-
-    def shard(self, model: nn.Module) -> None:
-        """Activation checkpointing (with the plugin's) and FSDP2 over this strategy's mesh."""
-        units = fsdp_units(model, self.plugin)
-        if self.plugin.activation_checkpointing:
-            apply_activation_checkpointing(model, units)
-        apply_fsdp(
-            model,
-            units,
-            self._device_mesh(),
-            self.plugin,
-            self.mixed_precision,
-            ignored=ignored_parameters(model, self.plugin),
-        )
+        """FSDP2 applied to `model` in place, where it is (`wrap_model` has moved it)."""
+        self.sharder.shard(model)
 
     def _broadcast_from_rank0(self, model: nn.Module, full_state: dict | None) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
@@ -154,129 +105,12 @@ class FSDP2Strategy(Strategy):
         set_model_state_dict(model, full_state or {}, options=options)
 
     # -- the step --------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def no_sync(self, model: nn.Module) -> Iterator[None]:
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
         """Accumulate unsharded gradients locally: no reduce-scatter until the block ends."""
-        model.set_requires_gradient_sync(False)
-        try:
-            yield
-        finally:
-            model.set_requires_gradient_sync(True)
+        return self.sharder.no_sync(model)
 
-    @contextlib.contextmanager
-    def sync_in_backward(self, model: nn.Module) -> Iterator[None]:
-        model.set_requires_gradient_sync(True)
-        yield
-
-    def clip_grad_norm_(
-        self, parameters: Iterable[nn.Parameter], max_norm: float, norm_type: float = 2.0
-    ) -> torch.Tensor:
-        """Clip by the global norm over every shard; returns that norm (a plain tensor)."""
-        grads = [p.grad for p in parameters if p.grad is not None]
-        if not grads:
-            return torch.tensor(0.0)
-        total = _dtensor.grad_norm(grads, norm_type, self.device)
-        _dtensor.scale_gradients(grads, total, max_norm)
-        return total
-
-    def clip_grad_value_(self, parameters: Iterable[nn.Parameter], clip_value: float) -> None:
-        _dtensor.clip_grad_value(parameters, clip_value)
-
-    # -- state -------------------------------------------------------------------------------
-    def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """The full state dict on the main process (CPU tensors); other processes get {}."""
-        return _dtensor.full_model_state(model)
-
-    def load_model_state_dict(
-        self, model: nn.Module, state_dict: dict[str, torch.Tensor], strict: bool = True
-    ) -> Any:
-        """Load a full state dict (given on every process, or on rank 0 only: then broadcast)."""
-        return _dtensor.load_full_model_state(model, state_dict, self.device, strict=strict)
-
-    def _model_for(self, optimizer: torch.optim.Optimizer, model: nn.Module | None) -> nn.Module:
-        return prepared_with(self._optimizer_models, optimizer, model, "an FSDP2 model")
-
-    optimizer_model = _model_for
-
-    def optimizer_state_dict(
-        self, optimizer: torch.optim.Optimizer, model: nn.Module | None = None
-    ) -> dict[str, Any]:
-        """The full optimizer state keyed by parameter names, on the main process."""
-        return _dtensor.full_optimizer_state(self._model_for(optimizer, model), optimizer)
-
-    def load_optimizer_state_dict(
-        self,
-        optimizer: torch.optim.Optimizer,
-        state_dict: dict[str, Any],
-        model: nn.Module | None = None,
-    ) -> None:
-        _dtensor.load_full_optimizer_state(self._model_for(optimizer, model), optimizer, state_dict)
-
-    def gradients_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """This process's shard of the accumulated gradients (restored on the same layout)."""
-        return _dtensor.local_gradients(model)
-
-    def load_gradients_state(self, model: nn.Module, grads: dict[str, torch.Tensor]) -> None:
-        _dtensor.load_local_gradients(model, grads)
-
-    # -- files: the DCP format (SHARDED_STATE_DICT) or FSDP2's full file (FULL_STATE_DICT) ---
-    def _sharded(self) -> bool:
-        return self.plugin.state_dict_type == "SHARDED_STATE_DICT"
-
-    def save_model_files(
-        self,
-        model: nn.Module,
-        directory: Path,
-        name: str,
-        *,
-        writer: bool,
-        write_full: Callable[[dict[str, torch.Tensor], Path], None],
-    ) -> None:
-        if not self._sharded():
-            state = self.model_state_dict(model)
-            if writer:
-                save_object(state, directory / fsdp_model_file(name))
-            return
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-        self._writer.save(
-            {"model": get_model_state_dict(model)}, directory / fsdp_model_folder(name)
-        )
-
-    def load_full_model(
-        self,
-        model: nn.Module,
-        read: Callable[[], dict[str, torch.Tensor]],
-        kind: str,
-        strict: bool = True,
-    ) -> None:
-        """FSDP2's own full file is read on the main process only and broadcast; a full copy
-        another run wrote is read by every process."""
-        import torch.distributed as dist
-
-        state = read() if kind == FULL or dist.get_rank() == 0 else {}
-        self.load_model_state_dict(model, state, strict=strict)
-
-    def load_model_folder(self, model: nn.Module, folder: Path, strict: bool = True) -> None:
-        _dcp.load_sharded_model(model, folder, strict=strict)
-
-    def save_optimizer_files(
-        self,
-        optimizer: torch.optim.Optimizer,
-        directory: Path,
-        name: str,
-        *,
-        writer: bool,
-        model: nn.Module | None = None,
-    ) -> None:
-        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-        model = self._model_for(optimizer, model)
-        if not self._sharded():
-            super().save_optimizer_files(optimizer, directory, name, writer=writer, model=model)
-            return
-        state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
-        self._writer.save(state, directory / fsdp_optimizer_folder(name))
+    def sync_in_backward(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
+        return self.sharder.sync_in_backward(model)
 
 
 def plugin_for(request: StrategyRequest) -> FullyShardedDataParallelPlugin:

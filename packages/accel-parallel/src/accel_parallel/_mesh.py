@@ -1,10 +1,12 @@
 """The strategy for a `ParallelismConfig` mesh: tensor parallel on ``tp``, then FSDP2 over
 the data-parallel dimensions (``dp_shard_cp``, with ``dp_replicate`` outside it for HSDP).
 
-Both steps are plain functions of the model and a sub-mesh (`apply_tensor_parallel`,
-FSDP2's `fully_shard`); everything else (re-pointing optimizers, clipping, DCP checkpoints
-of DTensors, accumulation) is the FSDP2 strategy's. Data-parallel size, rank and group come
-from the mesh, so loaders, metrics and schedulers count data-parallel replicas.
+Both steps are plain functions of the model and a sub-mesh: `apply_tensor_parallel`, and the
+sharder the strategy holds (an `FSDP2Sharder` over the data-parallel sub-mesh, or
+`NoSharding` where the mesh does not shard). Re-pointing optimizers, clipping and the DCP
+checkpoints of DTensors are `DTensorStrategy`'s, which the FSDP2 strategy shares. Data-parallel
+size, rank and group come from the mesh, so loaders, metrics and schedulers count
+data-parallel replicas.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from accel_parallel._fsdp import FSDP2Strategy, plugin_for
+from accel_parallel._dtensor_strategy import DTensorStrategy
+from accel_parallel._fsdp import plugin_for
 from accel_parallel._fsdp_plugin import FullyShardedDataParallelPlugin
+from accel_parallel._fsdp_sharder import FSDP2Sharder, NoSharding
 from accel_parallel._parallelism_config import ParallelismConfig
 from accel_parallel._registry import StrategyRequest, register_strategy
 from accel_parallel._strategy import ProcessInfo
@@ -99,12 +103,13 @@ class OnMeshView:
         return self.layout.data_parallel_group()
 
 
-class MeshStrategy(OnMeshView, FSDP2Strategy):
-    """Tensor parallel, then FSDP2 (or HSDP) over the one device mesh of `config`: FSDP2's
-    sharded state and checkpoints, with `apply_tensor_parallel` on the ``tp`` sub-mesh first
-    and the data-parallel sub-mesh in place of every process."""
+class MeshStrategy(OnMeshView, DTensorStrategy):
+    """Tensor parallel, then FSDP2 (or HSDP) over the one device mesh of `config`:
+    `apply_tensor_parallel` on the ``tp`` sub-mesh first, then the sharder it holds over the
+    data-parallel sub-mesh (`NoSharding` for tensor parallel alone); DTensor state and
+    checkpoints as FSDP2's."""
 
-    sharded = True  # every rank must agree on an fp16 overflow
+    supports_no_sync = True
 
     def __init__(
         self,
@@ -118,20 +123,21 @@ class MeshStrategy(OnMeshView, FSDP2Strategy):
         super().__init__(info, plugin, mixed_precision, clip_norm=clip_norm)
         self.config = config
         self.layout = MeshView(config, info.device)
-        self.shards = config.dp_shard_enabled or config.cp_enabled
-        self.name = "fsdp" if self.shards else "tp"
+        shards = config.dp_shard_enabled or config.cp_enabled
+        self.sharder: FSDP2Sharder | NoSharding = (
+            FSDP2Sharder(self.plugin, mixed_precision, self.layout.fsdp_mesh)
+            if shards
+            else NoSharding()
+        )
+        self.name = "fsdp" if shards else "tp"  # for messages, as accelerate names the run
         check_mesh_run(config, self.plugin, info.device)
 
     @property
     def fsdp_plugin(self) -> FullyShardedDataParallelPlugin | None:
-        return self.plugin if self.shards else None  # tensor parallel alone runs no FSDP2
+        return self.sharder.plugin  # tensor parallel alone runs no FSDP2
 
     def distributed_type(self, topology: Any) -> Any:
-        return super().distributed_type(topology) if self.shards else topology
-
-    # -- the mesh (the rest from OnMeshView) ---------------------------------------------------
-    def _device_mesh(self) -> Any:
-        return self.layout.fsdp_mesh()
+        return self.sharder.distributed_type(topology)
 
     # -- preparing -------------------------------------------------------------------------------
     def wrap_model(self, model: nn.Module) -> nn.Module:
@@ -144,8 +150,8 @@ class MeshStrategy(OnMeshView, FSDP2Strategy):
         return model
 
     def parallelize(self, model: nn.Module) -> None:
-        """Tensor parallel on the ``tp`` sub-mesh, then FSDP2 over the data-parallel one (each
-        where the mesh has it), in place."""
+        """Tensor parallel on the ``tp`` sub-mesh, then the sharder over the data-parallel
+        one (each where the mesh has it), in place."""
         if self.config.tp_enabled:
             handler = self.config.tp_handler
             apply_tensor_parallel(
@@ -155,8 +161,7 @@ class MeshStrategy(OnMeshView, FSDP2Strategy):
                 enable_async_tp=bool(handler and handler.enable_async_tp),
                 sequence_parallel=bool(handler and handler.sequence_parallel),
             )
-        if self.shards:
-            self.shard(model)
+        self.sharder.shard(model)
 
     def memory_engine(self) -> tuple[str, dict[str, Any]] | None:
         """FSDP2's estimate where the mesh only shards; a mesh that also splits tensors,
@@ -164,22 +169,14 @@ class MeshStrategy(OnMeshView, FSDP2Strategy):
         config = self.config
         if config.tp_enabled or config.cp_enabled or config.dp_replicate_size > 1:
             return None
-        return super().memory_engine()
+        return self.sharder.memory_engine()
 
     # -- the step ----------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def no_sync(self, model: nn.Module) -> Iterator[None]:
-        if not self.shards:  # tensor parallel alone: no gradient is synchronized
-            yield
-            return
-        with super().no_sync(model):
-            yield
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
+        return self.sharder.no_sync(model)
 
-    @contextlib.contextmanager
-    def sync_in_backward(self, model: nn.Module) -> Iterator[None]:
-        if self.shards:
-            model.set_requires_gradient_sync(True)
-        yield
+    def sync_in_backward(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
+        return self.sharder.sync_in_backward(model)
 
     # -- context parallel ---------------------------------------------------------------------------
     def context_parallel(

@@ -52,6 +52,7 @@ class _Entry:
     build: Callable[[StrategyRequest], Strategy]
     claims: Callable[[StrategyRequest], int | None]
     module: str | None  # where `build` was defined
+    kind: type[Strategy]  # the class whose class-level capabilities (`placement`) it has
 
 
 _REGISTRY: dict[str, _Entry] = {}
@@ -99,13 +100,17 @@ def register_strategy(
     build: Callable[[StrategyRequest], Strategy],
     *,
     claims: Callable[[StrategyRequest], int | None] | None = None,
+    kind: type[Strategy] = Strategy,
 ) -> None:
     """Make `name` a strategy `Accelerator(strategy=name)` and the resolver can build.
 
     `build(request)` makes it. `claims(request)`: how strongly it serves a run that names no
     strategy (an int; None: it does not), the strongest claim winning (the built-in ones: 0
-    one device, 10 DDP, 20 an engine the launch configured, 40 an engine plugin given, 50 a
-    device mesh, 60 a pipeline). Without `claims`, it runs only when named.
+    one device, 10 DDP, 20 FSDP2 or DeepSpeed that the launch configured, 30 an XLA device,
+    40 an FSDP or DeepSpeed plugin given, 50 a device mesh, 55 DeepSpeed with sequence
+    parallel (sp_size > 1), 60 a pipeline, 70 replica groups: a fault-tolerance plugin).
+    Without `claims`, it runs only when named. `kind`: the class `build` makes, asked before
+    it is built (`Strategy.placement`).
     """
     # A built-in module registers itself as it is imported; anyone else's name is checked
     # against the built-ins, and follows them, as when they were all registered on import.
@@ -117,12 +122,32 @@ def register_strategy(
             f"a strategy named {name!r} is registered already ({known.build!r}); pick another "
             f"name for {build!r}."
         )
-    registry[name] = _Entry(name, build, claims or (lambda request: None), module)
+    registry[name] = _Entry(name, build, claims or (lambda request: None), module, kind)
 
 
 def registered_strategies() -> tuple[str, ...]:
     """The names of the registered strategies, in the order they were registered."""
     return tuple(_registry())
+
+
+def process_placement(
+    strategy: str | Strategy | None, environ: Mapping[str, str]
+) -> ProcessInfo | None:
+    """Where this process runs when the run's engine places it (`Strategy.placement`), asked
+    before the process state is made: the named strategy's, else, where none is named, the
+    first registered one that places the run. None where accel-state decides, and for a
+    ready Strategy (made where it runs) or a name no strategy is registered as."""
+    if isinstance(strategy, Strategy):
+        return None
+    registry = _registry()
+    if isinstance(strategy, str):
+        entry = registry.get(strategy)
+        return None if entry is None else entry.kind.placement(environ, named=True)
+    for entry in registry.values():
+        placed = entry.kind.placement(environ, named=False)
+        if placed is not None:
+            return placed
+    return None
 
 
 def build_strategy(name: str, request: StrategyRequest) -> Strategy:

@@ -1,7 +1,7 @@
 """The options of DeepSpeed's sequence parallel (Ulysses / ALST), accelerate's
-``DeepSpeedSequenceParallelConfig``: a configuration accel validates and carries, while a run
-that asks for ``sp_size > 1`` is refused when the Accelerator resolves its parallelism (accel
-does not drive DeepSpeed's sequence-parallel groups).
+``DeepSpeedSequenceParallelConfig``: a configuration accel validates and carries to the
+DeepSpeed strategy, which runs ``sp_size > 1`` (`accel_parallel._deepspeed_ulysses`); the
+resolver refuses it only under a strategy that does not run it.
 """
 
 from __future__ import annotations

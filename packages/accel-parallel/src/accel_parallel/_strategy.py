@@ -14,14 +14,17 @@ What differs between backends, and what a strategy therefore owns:
 
 After ``prepare`` the Accelerator only calls these methods; it never branches on the type or
 the name. What only some engines can do is a small protocol (`JoinsUnevenInputs`) or a
-method with a neutral default (`fsdp_plugin`, `engine_plugins`, `distributed_type`).
+method with a neutral default (`fsdp_plugin`, `engine_plugins`, `distributed_type`,
+`close`: what an engine starts, `end_training` stops; `placement`: where the engine's runtime
+puts this process).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -80,6 +83,14 @@ class Strategy:
     def device(self) -> torch.device:
         return self.info.device
 
+    @classmethod
+    def placement(cls, environ: Mapping[str, str], *, named: bool) -> ProcessInfo | None:
+        """Where this process runs when the engine's runtime decides it rather than accel-state
+        (torch-xla's), asked before the process state is made: for a run that names this
+        strategy (`named`), or, for one that names none, whether it would place it. None (the
+        default): accel-state decides."""
+        return None
+
     def attach_precision(self, precision: Any) -> None:
         """The run's precision object (accel-precision's), made for this strategy: its
         autocast, loss scale and unscale are what the strategy's own steps use."""
@@ -123,6 +134,24 @@ class Strategy:
 
     def set_rng_state(self, state: Any) -> None:
         """Restore what `rng_state` captured (entries it does not know are ignored)."""
+
+    # -- what an engine starts, it stops --------------------------------------------------
+    def close(self) -> None:
+        """Stop what this strategy started (servers, managers, threads): `end_training` calls
+        it, and interpreter exit does for an engine that called `close_at_exit`. A second
+        call does nothing. Nothing to stop here."""
+
+    def close_at_exit(self) -> None:
+        """Run `close` at interpreter exit unless it ran before: an engine calls this when it
+        starts something, so that a script needs no name of the engine's to stop it."""
+        if not self.__dict__.get("_closes_at_exit"):
+            self._closes_at_exit = True
+            atexit.register(self.close)
+
+    def forget_close_at_exit(self) -> None:
+        """Drop the exit hook of `close_at_exit` (`close` calls this once it has run)."""
+        if self.__dict__.pop("_closes_at_exit", False):
+            atexit.unregister(self.close)
 
     # -- data parallel (a device mesh narrows these to its data-parallel dimensions) ------
     device_mesh: Any = None

@@ -3,8 +3,10 @@
 Two strategies: "xla", one XLA device per process (gradients all-reduced once per optimizer
 step over the replicas), and "xla_spmd", one process driving every device of its host with
 torch-xla's SPMD (each batch sharded over a 1-D "data" mesh; the compiler inserts the gradient
-reduction). torch_xla is imported only when one of them is asked for or selected, and only
-where it is installed (`xla_requested`); `pip install "accel-parallel[xla]"` installs it.
+reduction). Both build on `XLABase`, which is not registered: neither subclasses the other.
+torch_xla is imported only when one of them is asked for or selected, and only where it is
+installed (`xla_requested`); `pip install "accel-parallel[xla]"` installs it. Each places the
+process itself (`Strategy.placement`): torch-xla's runtime, not accel-state, says where it runs.
 """
 
 from __future__ import annotations
@@ -49,7 +51,6 @@ class XLATopology:
     num_processes: int
     process_index: int
     local_process_index: int
-    num_devices: int  # the devices this process drives (SPMD: every device of its host)
     spmd: bool
     # This process runs several replicas as threads, one per device, this one among them
     # (torch-xla's xmp.spawn where a process has several devices, without SPMD: TPU v2/v3,
@@ -77,19 +78,35 @@ def xla_topology(*, spmd: bool = False) -> XLATopology:
         num_processes=world,
         process_index=xr.global_ordinal(),
         local_process_index=xr.local_ordinal(),
-        num_devices=xr.global_runtime_device_count() if spmd else 1,
         spmd=spmd,
         # replicated over more than one device of this process: xmp.spawn made a thread each
         replica_threads=world > 1 and not xr.is_spmd() and xr.addressable_device_count() > 1,
     )
 
 
-class XLAStrategy(Strategy):
-    """One XLA device per process: the model and its optimizer's parameters moved there,
-    batches fed through torch-xla's parallel loader, gradients all-reduced once per optimizer
-    step (not in the backward: accumulation needs no `no_sync`), a graph cut at each step."""
+def _placed(spmd: bool) -> ProcessInfo:
+    """This process's place as torch-xla's runtime gives it (started in SPMD mode when
+    `spmd`); where the runtime runs this process's replicas as threads, accel-state's state is
+    split per thread first, so that each thread's Accelerator is its replica's."""
+    topology = xla_topology(spmd=spmd)
+    if topology.replica_threads:  # xmp.spawn's thread per device: each its own state
+        from accel_state import split_state_per_thread
 
-    name = "xla"
+        split_state_per_thread()
+    return ProcessInfo(
+        device=topology.device,
+        num_processes=topology.num_processes,
+        process_index=topology.process_index,
+        local_process_index=topology.local_process_index,
+    )
+
+
+class XLABase(Strategy):
+    """What both XLA strategies do (not registered itself): the model and its optimizer's
+    parameters moved to the device, batches fed through torch-xla's parallel loader, a graph
+    cut at each optimizer step, state written from the host. `_reduce` is where an engine
+    reduces gradients before clipping and stepping (nothing here)."""
+
     reshardable = True  # full states, written from the host: they load on any engine
 
     def __init__(self, info: ProcessInfo, *, clip_norm: float | None = None) -> None:
@@ -148,14 +165,7 @@ class XLAStrategy(Strategy):
 
     # -- the step --------------------------------------------------------------------------
     def _reduce(self, parameters: Iterable[nn.Parameter]) -> None:
-        """All-reduce (average) the gradients of `parameters` not reduced yet this step."""
-        todo = [p for p in parameters if p.grad is not None and id(p) not in self._reduced]
-        self._reduced.update(id(p) for p in todo)
-        if todo and self.info.num_processes > 1:
-            import torch_xla.core.xla_model as xm
-
-            grads = [p.grad for p in todo]
-            xm.all_reduce(xm.REDUCE_SUM, grads, scale=1.0 / self.info.num_processes)
+        """Reduce the gradients of `parameters` before they are clipped or stepped."""
 
     def clip_grad_norm_(
         self, parameters: Iterable[nn.Parameter], max_norm: float, norm_type: float = 2.0
@@ -205,18 +215,41 @@ class XLAStrategy(Strategy):
 
             xm.set_rng_state(int(state["xm_seed"]), self.device)
 
-    def manual_seed(self, seed: int) -> None:
-        import torch_xla.core.xla_model as xm
 
-        xm.set_rng_state(seed, self.device)
+class XLAStrategy(XLABase):
+    """One XLA device per process: gradients all-reduced once per optimizer step over the
+    replicas (not in the backward: accumulation needs no `no_sync`)."""
+
+    name = "xla"
+
+    @classmethod
+    def placement(cls, environ: Mapping[str, str], *, named: bool) -> ProcessInfo | None:
+        """torch-xla's place for this process, when the run names "xla" or names no strategy
+        and an XLA device is there (`xla_requested`)."""
+        return _placed(spmd=False) if named or xla_requested(environ) else None
+
+    def _reduce(self, parameters: Iterable[nn.Parameter]) -> None:
+        """All-reduce (average) the gradients of `parameters` not reduced yet this step."""
+        todo = [p for p in parameters if p.grad is not None and id(p) not in self._reduced]
+        self._reduced.update(id(p) for p in todo)
+        if todo and self.info.num_processes > 1:
+            import torch_xla.core.xla_model as xm
+
+            grads = [p.grad for p in todo]
+            xm.all_reduce(xm.REDUCE_SUM, grads, scale=1.0 / self.info.num_processes)
 
 
-class XLASpmdStrategy(XLAStrategy):
+class XLASpmdStrategy(XLABase):
     """One process over every XLA device of its host (SPMD): parameters replicated, each batch
     sharded along its first dimension over a 1-D "data" mesh; the compiler adds the gradient
     all-reduce. A batch whose first dimension the devices do not divide is replicated."""
 
     name = "xla_spmd"
+
+    @classmethod
+    def placement(cls, environ: Mapping[str, str], *, named: bool) -> ProcessInfo | None:
+        """torch-xla's place for this process in SPMD mode, when the run names "xla_spmd"."""
+        return _placed(spmd=True) if named else None
 
     def __init__(self, info: ProcessInfo, *, clip_norm: float | None = None) -> None:
         super().__init__(info, clip_norm=clip_norm)
@@ -236,18 +269,7 @@ class XLASpmdStrategy(XLAStrategy):
     def _input_sharding(self) -> Any:
         return _BatchSharding(self.mesh)
 
-    def _reduce(self, parameters: Iterable[nn.Parameter]) -> None:
-        """SPMD: the compiled step reduces the gradients itself."""
-
-    def shard_batch(self, batch: Any) -> Any:
-        """`batch` (on the device) sharded along its first dimension over the mesh."""
-        import torch_xla.distributed.spmd as xs
-
-        def shard(t: Any) -> Any:
-            spec = _batch_spec(t, self.mesh)
-            return t if spec is None else xs.mark_sharding(t, self.mesh, spec).global_tensor
-
-        return _map_tensors(shard, batch)
+    # _reduce: XLABase's nothing, as the compiled SPMD step reduces the gradients itself
 
 
 class _BatchSharding:
@@ -350,5 +372,6 @@ register_strategy(
     XLAStrategy.name,
     _build,
     claims=lambda request: 30 if request.info.device.type == "xla" else None,
+    kind=XLAStrategy,
 )
-register_strategy(XLASpmdStrategy.name, _build_spmd)
+register_strategy(XLASpmdStrategy.name, _build_spmd, kind=XLASpmdStrategy)

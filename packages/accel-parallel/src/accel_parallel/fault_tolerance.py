@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Mapping
-from datetime import timedelta
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -184,10 +183,6 @@ def _coordination() -> Any:
     from torchft import coordination
 
     return coordination
-
-
-def connect_timeout(plugin: FaultTolerancePlugin) -> timedelta:
-    return timedelta(seconds=plugin.timeout)
 
 
 def environ() -> Mapping[str, str]:

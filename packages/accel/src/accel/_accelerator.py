@@ -91,8 +91,9 @@ class Accelerator(
         fault_tolerance: Any = None,
     ) -> None:
         """accelerate's arguments, plus `strategy`: a registered strategy's name ("ddp",
-        "fsdp", "deepspeed", "mesh", "pipeline", "single_device", or one registered with
-        accel_parallel.register_strategy) or a ready Strategy, beside the familiar plugins
+        "fsdp", "deepspeed", "mesh", "pipeline", "single_device", "xla", "xla_spmd",
+        "fault_tolerant", or one registered with accel_parallel.register_strategy) or a ready
+        Strategy, beside the familiar plugins
         (which configure the named strategy); `log_step_metrics`: per optimizer step
         throughput, FLOPs, MFU, memory and data wait (`step_metrics`, trackers, a line);
         `hang_timeout`: seconds after which a step or collective is diagnosed as a hang
@@ -574,27 +575,22 @@ def _plain_backward(strategy: Any, precision: Any) -> bool:
 
 
 def _xla_placement(cpu: bool | None, strategy: Any) -> dict[str, Any]:
-    """The topology torch-xla's runtime gives this process, when the run is on XLA: the
-    strategy names an XLA one, or none is named and an XLA device is there (torch-xla installed,
-    PJRT_DEVICE set or a TPU's libtpu; USE_TORCH_XLA=0 opts out). Else nothing: torch_xla is
-    not imported. Where torch-xla runs this process's replicas as threads, the state is split
-    per thread first, so that each thread's Accelerator is its replica's."""
-    from accel_parallel import XLASpmdStrategy, XLAStrategy, xla_requested, xla_topology
-
-    named = strategy if isinstance(strategy, str) else None
-    xla_names = (XLAStrategy.name, XLASpmdStrategy.name)
-    if cpu or not (named in xla_names or (strategy is None and xla_requested(os.environ))):
+    """Where the run's engine places this process, when its runtime rather than accel-state
+    decides (torch-xla's, for the XLA strategies, named or found by an XLA device), asked of
+    the strategy (`accel_parallel.process_placement`); nothing with cpu=True. Where the
+    engine runs this process's replicas as threads, it splits the state per thread first."""
+    if cpu:
         return {}
-    topology = xla_topology(spmd=named == XLASpmdStrategy.name)
-    if topology.replica_threads:  # xmp.spawn's thread per device: each its own state
-        from accel_state import split_state_per_thread
+    from accel_parallel import process_placement
 
-        split_state_per_thread()
+    placed = process_placement(strategy, os.environ)
+    if placed is None:
+        return {}
     return {
-        "device": topology.device,
-        "num_processes": topology.num_processes,
-        "process_index": topology.process_index,
-        "local_process_index": topology.local_process_index,
+        "device": placed.device,
+        "num_processes": placed.num_processes,
+        "process_index": placed.process_index,
+        "local_process_index": placed.local_process_index,
     }
 
 

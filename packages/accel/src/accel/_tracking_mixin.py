@@ -19,6 +19,7 @@ class _NoOpTracker:
 class TrackingMixin:
     is_main_process: bool
     logging_dir: str | None
+    strategy: Any
 
     def _init_tracking(self, log_with: Any) -> None:
         self.log_with = log_with
@@ -73,9 +74,10 @@ class TrackingMixin:
             tracker.log(values, step=step, **log_kwargs.get(tracker.name, {}))
 
     def end_training(self) -> None:
-        """Finish every tracker (main process only), then close the process group; call
-        once, at the end, on every process (no barrier: a script that calls it on the main
-        process only does not hang)."""
+        """Finish every tracker (main process only), stop what the strategy started (its
+        `close`: torchft's manager, ...), then close the process group; call once, at the
+        end, on every process (no barrier: a script that calls it on the main process only
+        does not hang). A second call does nothing more."""
         for tracker in self.trackers:
             tracker.finish()
         self.trackers = []
@@ -84,4 +86,5 @@ class TrackingMixin:
             self._pending_save = None
             pending.join()
             pending.raise_error()
+        self.strategy.close()
         self.state.destroy_process_group()
