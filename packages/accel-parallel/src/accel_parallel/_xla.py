@@ -20,6 +20,7 @@ from torch import nn
 
 from accel_parallel._registry import StrategyRequest, register_strategy
 from accel_parallel._strategy import ProcessInfo, Strategy
+from accel_state.xla_env import xla_requested
 
 INSTALL_HINT = 'pip install "accel-parallel[xla]" torch==<torch-xla\'s version, e.g. 2.9.0>'
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from accel_state._devices import DeviceKind, register_device_kind
+from accel_state._device_kind import DeviceKind, register_device_kind
 from accel_state._enums import DistributedType
 from accel_state.xla_env import xla_opted_out, xla_requested
 
