@@ -89,7 +89,7 @@ def test_rng_types_synchronize_the_named_generators_at_each_epoch_start():
     from accel import Accelerator, AcceleratorState
 
     AcceleratorState._reset_state()
-    with pytest.raises(ValueError, match="TPU/XLA is not provided"):
+    with pytest.raises(ValueError, match="does not synchronize XLA's generator"):
         Accelerator(cpu=True, rng_types=["xla"])
 
 

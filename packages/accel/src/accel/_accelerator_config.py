@@ -44,7 +44,12 @@ def rng_types(rng_types: Any) -> list[str]:
     names = [str(getattr(t, "value", t)).lower() for t in rng_types]
     bad = [n for n in names if n not in _RNG_TYPES]
     if bad:
-        why = " (TPU/XLA is not provided by accel)" if "xla" in bad else ""
+        why = (
+            " (accel does not synchronize XLA's generator between processes: on XLA, set_seed "
+            "seeds it on every process)"
+            if "xla" in bad
+            else ""
+        )
         raise ValueError(f"rng_types {bad} not supported{why}; accepted: {list(_RNG_TYPES)}.")
     return names
 
