@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from accel_testkit.extensions import set_extension_env
+from accel_testkit.extensions import torch_extensions_dir
 
 BEFORE, AFTER = 3, 2
 
@@ -58,7 +58,7 @@ def _deepspeed_accelerator(lib: str, engine: str) -> Any:
     """ZeRO-2 or ZeRO-3 from the same config in both libraries (the batch size is written:
     the loop draws its own batches, no DataLoader is prepared)."""
     # DeepSpeed's CPU ops compile once per machine, into the cache test_deepspeed.py uses
-    set_extension_env()
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", torch_extensions_dir())
     config = {
         "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
         "gradient_clipping": 1.0, "zero_optimization": {"stage": int(engine[-1])},

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from accel_state.testing import run_distributed
-from accel_testkit.extensions import extension_env
+from accel_testkit.extensions import torch_extensions_dir
 from accel_testkit.launch import LAUNCHER_VARS, accel_command, worker_env
 from accel_testkit.tolerance import assert_same_training, float32_error, norm_terms
 
@@ -40,7 +40,7 @@ AUTO_CLIP = 1.0  # what gradient_clipping "auto" (a plain DeepSpeedPlugin) clips
 # 2 * lr * d for a change d in the gradients, like SGD's, instead of amplifying the rounding
 # of a near-zero gradient to a step of +-lr (eps=1e-8). See accel_testkit.tolerance.
 ADAM_EPS = 1.0
-EXTENSIONS = extension_env()  # TORCH_EXTENSIONS_DIR, CXX (the compile cache)
+EXTENSIONS = torch_extensions_dir()
 
 
 class Net(nn.Module):
@@ -107,8 +107,7 @@ def _worker_setup() -> None:
     kept out too: importing it costs each worker seconds."""
     sys.modules["transformers"] = None  # type: ignore[assignment]  # `import transformers` fails
     sys.modules["mlflow"] = None  # type: ignore[assignment]
-    for name, value in EXTENSIONS.items():
-        os.environ.setdefault(name, value)
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", EXTENSIONS)
 
 
 def _accelerator(plugin: Any, **kwargs: Any) -> Any:

@@ -19,10 +19,10 @@ import torch
 from torch import nn
 
 from accel_state.testing import run_distributed
-from accel_testkit.extensions import extension_env
+from accel_testkit.extensions import torch_extensions_dir
 
 SHAPES = {"0.weight": [6, 4], "0.bias": [6], "2.weight": [3, 6], "2.bias": [3]}
-EXTENSIONS = extension_env()  # TORCH_EXTENSIONS_DIR, CXX (the compile cache)
+EXTENSIONS = torch_extensions_dir()
 needs_deepspeed = pytest.mark.skipif(
     importlib.util.find_spec("deepspeed") is None,
     reason="deepspeed is not installed (pip install accel-parallel[deepspeed])",
@@ -110,8 +110,7 @@ def _gather_round(acc: Any, model: nn.Module, fill: float) -> dict[str, Any]:
 def _zero3_checks() -> dict[str, Any]:
     sys.modules["transformers"] = None  # type: ignore[assignment]  # not needed here
     sys.modules["mlflow"] = None  # type: ignore[assignment]  # DeepSpeed's autotuner's, unused
-    for name, value in EXTENSIONS.items():
-        os.environ.setdefault(name, value)
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", EXTENSIONS)
     out = {"no_op": _no_op_checks()}
 
     from accel import Accelerator

@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from accel_testkit.extensions import extension_env
+from accel_testkit.extensions import torch_extensions_dir
 from accel_testkit.memory import measured_peak
 from accel_testkit.models import Stack
 
@@ -72,7 +72,9 @@ def test_zero_estimates_match_deepspeed_on_two_processes() -> None:
         engines=["zero1", "zero2", "zero3"], offload=[False],
     )  # fmt: skip
     predicted = {int(r.engine[-1]): r.peak_bytes for r in rows}
-    ranks = run_distributed(_zero_peaks, world_size=2, timeout=600, env=extension_env())
+    ranks = run_distributed(
+        _zero_peaks, world_size=2, timeout=600, env={"TORCH_EXTENSIONS_DIR": torch_extensions_dir()}
+    )
     for rank, measured in enumerate(ranks):
         for stage, peak in measured.items():
             case = (rank, stage, predicted[stage], peak)

@@ -7,13 +7,6 @@ so the folder is one per Python and torch version: environments of two torch ver
 machine (CI's locked lane and its torch-2.9 lane) would otherwise rebuild it for each other
 in turn, or one would load the other's build while it is being rewritten. A
 ``TORCH_EXTENSIONS_DIR`` already set wins.
-
-torch's loader rebuilds an op whenever its build.ninja changes, and that file names the
-environment's paths (torch's headers, DeepSpeed's sources): an environment at a new path (a
-fresh clone, a second virtual environment) would compile both ops again. ``extension_env()``
-also sets ``CXX`` to ``bin/_cached_cxx.py``, a compile cache keyed by the preprocessed source and
-the flags with the site-packages prefix folded, so a new path preprocesses and links (seconds)
-and compiles nothing it has compiled before. A ``CXX`` already set wins (no cache then).
 """
 
 from __future__ import annotations
@@ -22,9 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-__all__ = ["CACHED_CXX", "extension_env", "set_extension_env", "torch_extensions_dir"]
-
-CACHED_CXX = str(Path(__file__).parent / "bin" / "_cached_cxx.py")
+__all__ = ["torch_extensions_dir"]
 
 
 def torch_extensions_dir() -> str:
@@ -35,19 +26,3 @@ def torch_extensions_dir() -> str:
     python = f"py{sys.version_info.major}{sys.version_info.minor}"
     default = Path.home() / ".cache" / "torch_extensions" / f"{python}_torch{torch.__version__}"
     return os.environ.get("TORCH_EXTENSIONS_DIR") or str(default)
-
-
-def extension_env() -> dict[str, str]:
-    """The variables of a process that may build DeepSpeed's CPU ops: ``TORCH_EXTENSIONS_DIR``
-    (``torch_extensions_dir()``) and ``CXX`` (the compile cache, unless ``CXX`` is set)."""
-    return {
-        "TORCH_EXTENSIONS_DIR": torch_extensions_dir(),
-        "CXX": os.environ.get("CXX") or CACHED_CXX,
-    }
-
-
-def set_extension_env() -> None:
-    """``extension_env()`` into this process's environment, where not already set (in a
-    worker process, before DeepSpeed loads an op)."""
-    for name, value in extension_env().items():
-        os.environ.setdefault(name, value)
