@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -19,14 +19,6 @@ def _numpy() -> Any:
     except ImportError:
         return None
     return numpy
-
-
-def _on_xla(environ: Mapping[str, str]) -> bool:
-    """Whether this process runs (or will run) on an XLA device (the xla entry's rule);
-    torch_xla is imported by the caller only then."""
-    from accel_state._device_kinds import on_xla
-
-    return on_xla(environ)
 
 
 def set_seed(
@@ -57,8 +49,9 @@ def set_seed(
     entry = accelerator_entry()
     if entry is not None:
         entry.manual_seed_all(seed)
-    if _on_xla(os.environ):  # XLA's generator is its own (accelerate: xm.set_rng_state)
-        device_entry("xla").manual_seed_all(seed)
+    xla = device_entry("xla")
+    if xla.is_available():  # XLA's generator is its own (accelerate: xm.set_rng_state)
+        xla.manual_seed_all(seed)
     if deterministic:
         torch.use_deterministic_algorithms(True)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
