@@ -53,6 +53,7 @@ def pytest_configure(config: pytest.Config) -> None:
     of the process, and an XLA device that appears after that fails every XLA backward."""
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
+    _one_extensions_folder()
     if os.environ.get("PJRT_DEVICE") == "CPU" and importlib.util.find_spec("torch_xla"):
         import torch_xla
         import torch_xla.runtime as xr
@@ -63,7 +64,24 @@ def pytest_configure(config: pytest.Config) -> None:
         torch_xla.device()
 
 
+def _one_extensions_folder() -> None:
+    """Every process of the session builds DeepSpeed's CPU ops (the shm communicator, CPU Adam)
+    into one folder per Python and torch version (accel_testkit.extensions), set here before any
+    worker starts: a test that reaches DeepSpeed without asking for that folder (accelerate's
+    suite, a client library, a launched script) would otherwise compile them again into torch's
+    default folder, a minute of CPU each."""
+    if (
+        importlib.util.find_spec("torch") is None
+        or importlib.util.find_spec("accel_testkit") is None
+    ):
+        return
+    from accel_testkit.extensions import torch_extensions_dir
+
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", torch_extensions_dir())
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _mark_torch_version_sensitive(config, items)
     _serial_modules_first(items)
     try:
         import torch
@@ -83,6 +101,85 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# -- the torch-version lane (.ci/run's second lane, torch 2.9 + torch-xla 2.9) --------------------
+# The modules whose behaviour can differ with torch's version: `pytest -m torch_version_sensitive`
+# runs them, and CI's torch 2.9 lane runs only them (every test still runs on the main lane). The
+# rule: a module is listed when what it checks is torch's own distributed or compiler machinery
+# as accel drives it (DDP and gloo's collectives, every registered engine's contract loop, DCP,
+# FSDP2 and DTensor, meshes and tensor parallel, pipelining,
+# torch.compile/dynamo, fake process groups and the memory trace, torchrun and its elastic
+# agent), an engine that branches on torch's version itself (DeepSpeed, torch-xla, torchao,
+# accelerate's and transformers' suites, peft), or code of accel's with a torch-version branch
+# (`_pipeline_torch`, `_parallelism_config`'s flattened meshes, `_memory_trace`, `_torchrun`,
+# `accel_bigmodel._header`'s dtypes, `accel_state`'s TCPStore keys). A module that checks only
+# accel's own logic (config parsing, loaders, trackers, big-model offload, launch flags, hangs)
+# is not listed.
+TORCH_VERSION_SENSITIVE = {
+    # FSDP2, DTensor, DeviceMesh, tensor parallel, DCP
+    "packages/accel/tests/test_fsdp.py": "FSDP2 (fully_shard) and its DTensor state dicts",
+    "packages/accel/tests/test_mesh.py": "DeviceMesh, DTensor, tensor parallel, DCP",
+    "packages/accel/tests/test_accelerate_checkpoints.py": "FSDP's and DeepSpeed's checkpoints",
+    "packages/accel-parallel/tests/test_fsdp_plugin.py": "the FSDP plugin onto torch's FSDP2",
+    "packages/accel-parallel/tests/test_parallelism_config.py": (
+        "meshes flattened again after a new process group (torch 2.9's mesh table)"
+    ),
+    "packages/accel-cli/tests/test_merge_weights.py": "DCP checkpoints merged into one file",
+    # DDP and gloo's collectives, under every registered engine
+    "packages/accel/tests/test_accelerator_ddp.py": "DDP and its communication hooks",
+    "packages/accel-parallel/tests/test_contract.py": "every registered engine through one loop",
+    "packages/accel-state/tests/test_collectives.py": "gloo collectives over nested data",
+    # pipelining
+    "packages/accel/tests/test_pipeline.py": "torch.distributed.pipelining, mend_pipeline_stage",
+    "packages/accel-parallel/tests/test_pipeline_plan.py": "pipelining's split of a model",
+    # fake process groups and the memory trace
+    "packages/accel-parallel/tests/test_memory.py": "fake collectives, Meta kernels of c10d",
+    "packages/accel-cli/tests/test_estimate_train.py": "the memory estimate under FSDP/TP",
+    # torch.compile / dynamo
+    "packages/accel/tests/test_accelerator.py": "dynamo_backend: torch.compile of the model",
+    "packages/accel/tests/test_familiar_distributed.py": "unwrap of a dynamo OptimizedModule",
+    "packages/accel/tests/test_import_cost.py": "measured against `import torch`'s own imports",
+    # torchrun and its elastic agent
+    "packages/accel-cli/tests/test_slurm_and_stop.py": "torchrun's SIGTERM handler (_torchrun)",
+    "packages/accel-cli/tests/test_elastic_launch.py": "torchrun's elastic agent",
+    # DeepSpeed (which branches on torch's version)
+    "packages/accel/tests/test_deepspeed.py": "DeepSpeed ZeRO, CPU Adam",
+    "packages/accel/tests/test_deepspeed_sequence_parallel.py": "DeepSpeed's sequence parallel",
+    "packages/accel/tests/test_gathered_parameters.py": "DeepSpeed's gathered parameters",
+    "packages/accel/tests/test_memory_zero.py": "DeepSpeed ZeRO's memory",
+    "packages/accel-parallel/tests/test_deepspeed_fill.py": "DeepSpeed's config filled in",
+    "packages/accel-parallel/tests/test_deepspeed_reshard.py": "DeepSpeed checkpoints resharded",
+    "packages/accel-cli/tests/test_deepspeed_launch.py": "DeepSpeed's launcher",
+    # torch-xla (runs on torch 2.9 only): the lane's XLA runs are separate (.ci/run)
+    "packages/accel/tests/test_xla.py": "torch-xla",
+    "packages/accel/tests/test_xla_launchers.py": "torch-xla's launcher",
+    "packages/accel/tests/test_xla_spmd.py": "torch-xla's SPMD",
+    "packages/accel-cli/tests/test_xla_launch.py": "torch-xla's launcher from accel launch",
+    "integration-tests/test_xla_launch.py": "torch-xla's launcher",
+    # torchao, peft, transformers (the lane installs the releases made for its torch)
+    "packages/accel-bigmodel/tests/test_quantization_torchao.py": "torchao",
+    "packages/accel-precision/tests/test_fp8.py": "torchao's float8",
+    "packages/accel/tests/test_quantized_clients.py": "transformers' quantizers, torchao, peft",
+    "packages/accel/tests/test_clients.py": "transformers' Trainer and peft on accel",
+    "packages/accel/tests/test_client_matrix.py": "transformers' and peft's paths by torch",
+    # accelerate's own suite (require_torch_min_version, is_torch_version)
+    "integration-tests/test_accelerate_suite.py": "accelerate's suite branches on torch",
+    # accel's code with a torch-version branch
+    "packages/accel-bigmodel/tests/test_header.py": "the dtypes torch has (_header.DTYPES)",
+    "packages/accel-state/tests/test_restart_store.py": "TCPStore.list_keys by torch version",
+}
+
+
+def _mark_torch_version_sensitive(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(__file__).parent
+    stale = [path for path in TORCH_VERSION_SENSITIVE if not (root / path).is_file()]
+    if stale:
+        raise pytest.UsageError(f"conftest.TORCH_VERSION_SENSITIVE names no file: {stale}")
+    mark = pytest.mark.torch_version_sensitive
+    for item in items:
+        if item.nodeid.split("::")[0] in TORCH_VERSION_SENSITIVE:
+            item.add_marker(mark)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

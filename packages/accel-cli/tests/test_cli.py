@@ -194,10 +194,18 @@ def test_real_two_process_launch_from_a_written_config(tmp_path):
 MODULE = """\
 import json, os, sys
 rank = int(os.environ["RANK"])
-with open(os.path.join(sys.argv[1], f"m{rank}.json"), "w") as f:
+out = os.path.join(sys.argv[1], f"m{rank}.json")
+with open(out + ".part", "w") as f:
     json.dump({"world": os.environ["WORLD_SIZE"], "argv": sys.argv[2:],
                "config": json.loads(os.environ["ACCEL_LAUNCH_CONFIG"])}, f)
-sys.exit(5 if rank == 1 else 0)
+os.replace(out + ".part", out)
+if rank == 1:
+    # torchrun stops every worker once one fails: rank 1 fails only after rank 0 has written
+    import time
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.path.join(sys.argv[1], "m0.json")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sys.exit(5)
 """
 
 
