@@ -66,18 +66,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _one_extensions_folder() -> None:
     """Every process of the session builds DeepSpeed's CPU ops (the shm communicator, CPU Adam)
-    into one folder per Python and torch version (accel_testkit.extensions), set here before any
-    worker starts: a test that reaches DeepSpeed without asking for that folder (accelerate's
-    suite, a client library, a launched script) would otherwise compile them again into torch's
-    default folder, a minute of CPU each."""
+    into one folder per Python and torch version, through one compile cache that a clone at a
+    new path hits too (accel_testkit.extensions), both set here before any worker starts: a test
+    that reaches DeepSpeed without asking for them (accelerate's suite, a client library, a
+    launched script) would otherwise compile them again, a minute of CPU each, and a process
+    with another CXX would rebuild the folder's ops for the others in turn."""
     if (
         importlib.util.find_spec("torch") is None
         or importlib.util.find_spec("accel_testkit") is None
     ):
         return
-    from accel_testkit.extensions import torch_extensions_dir
+    from accel_testkit.extensions import extension_env
 
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", torch_extensions_dir())
+    for name, value in extension_env().items():
+        os.environ.setdefault(name, value)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
