@@ -11,7 +11,9 @@ import compileall
 import contextlib
 import fcntl
 import importlib.util
+import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -235,8 +237,8 @@ def _no_leaks():
 
 
 def _serial_modules_first(items: list[pytest.Item]) -> None:
-    """Under pytest -n, hand out the serial modules first, one after another, then the others
-    with the most tests first (xdist's own order for --dist loadfile).
+    """Under pytest -n, hand out the serial modules first, one after another, then the others,
+    the longest first (`_module_seconds`).
 
     A serial module met midway waits until every module running beside it has ended, and
     the workers that finish meanwhile wait too: in CI that drained the machine once per serial
@@ -247,7 +249,24 @@ def _serial_modules_first(items: list[pytest.Item]) -> None:
     module_of = {id(item): item.nodeid.split("::")[0] for item in items}
     counts = collections.Counter(module_of.values())
     serial = {module_of[id(i)] for i in items if i.get_closest_marker("serial") is not None}
-    items.sort(key=lambda item: (module_of[id(item)] not in serial, -counts[module_of[id(item)]]))
+    seconds = _module_seconds()
+
+    def order(item: pytest.Item) -> tuple:
+        module = module_of[id(item)]
+        return (module not in serial, -seconds.get(module, 0.0), -counts[module])
+
+    items.sort(key=order)
+
+
+def _module_seconds() -> dict[str, float]:
+    """The seconds each module ran in a measured run (MODULE_SECONDS): the longest are handed
+    out first, so no long module starts last and runs on alone while the other workers idle
+    (test_estimate_train.py, 5 tests and 140 s, went out near the end by its test count). A
+    module not listed comes after them, most tests first; a missing file orders by count."""
+    try:
+        return json.loads(MODULE_SECONDS.read_text())
+    except FileNotFoundError:
+        return {}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -257,6 +276,7 @@ def _machine_share(request: pytest.FixtureRequest) -> Iterator[None]:
         return
     folder = request.getfixturevalue("tmp_path_factory").getbasetemp().parent
     serial = request.node.get_closest_marker("serial") is not None
+    asked = time.time()
     with open(folder / "machine.turn", "a") as turn, open(folder / "machine.share", "a") as share:
         fcntl.flock(turn, fcntl.LOCK_EX)
         if serial:
@@ -264,9 +284,27 @@ def _machine_share(request: pytest.FixtureRequest) -> Iterator[None]:
         else:
             fcntl.flock(share, fcntl.LOCK_SH)
             fcntl.flock(turn, fcntl.LOCK_UN)
+        started = time.time()
         try:
             yield
         finally:
             with contextlib.suppress(OSError):
                 fcntl.flock(share, fcntl.LOCK_UN)
                 fcntl.flock(turn, fcntl.LOCK_UN)
+            _record_module_time(request.node.nodeid, asked, started, time.time())
+
+
+MODULE_SECONDS = Path(__file__).parent / ".ci" / "module_seconds.json"
+
+
+def _record_module_time(module: str, asked: float, started: float, ended: float) -> None:
+    """With ACCEL_MODULE_TIMES=FILE, each module's line of the run's timeline: the worker, the
+    module, when it asked for the machine, started and ended (seconds since the epoch). The
+    waits tell how long the serial modules held the others back; `.ci/module_seconds.py FILE`
+    turns the lines into MODULE_SECONDS, the hint that hands out the longest modules first."""
+    path = os.environ.get("ACCEL_MODULE_TIMES")
+    if not path:
+        return
+    line = f"{os.environ.get('PYTEST_XDIST_WORKER')}\t{module}\t{asked:.3f}\t{started:.3f}\t{ended:.3f}\n"
+    with open(path, "a") as f:  # one short append per module: whole lines from every worker
+        f.write(line)
