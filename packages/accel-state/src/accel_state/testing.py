@@ -118,6 +118,7 @@ def _worker(
             import torch.distributed as dist
 
             if dist.is_available() and dist.is_initialized():
+                _leave_together(wait=result[0] == "ok")
                 dist.destroy_process_group()
     try:
         payload = pickle.dumps(result)
@@ -128,6 +129,37 @@ def _worker(
     tmp = Path(out_dir) / f"{rank}.tmp"
     tmp.write_bytes(payload)
     tmp.rename(Path(out_dir) / f"{rank}.pkl")
+
+
+_LEFT = "accel_state.testing/left"  # in the run's own store: how many ranks are done
+_LEAVE_WAIT_S = 30.0
+
+
+def _leave_together(*, wait: bool) -> None:
+    """Count this rank done in its process group's store and, when `wait`, wait (at most
+    `_LEAVE_WAIT_S`) until every rank of the group is, before this one destroys the group.
+
+    A function that returns right after the group formed would otherwise close its rank's
+    connections while a slower peer is still in gloo's connectFullMesh, which then fails that
+    peer ("Connection closed by peer"): seen once in CI, for a test that only formed a group. A
+    rank whose function raised counts itself done without waiting, so its peers do not wait
+    for it; one that hangs or dies makes the others wait out the bound, after which its
+    failure is reported as before. A group over a store that is not the run's TCPStore (a fake
+    process group's, which no peer shares) has nobody to meet."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    store = distributed_c10d._get_default_store()
+    base = store
+    while isinstance(base, dist.PrefixStore):
+        base = base.underlying_store
+    if not isinstance(base, dist.TCPStore):
+        return
+    store.add(_LEFT, 1)
+    world_size = dist.get_world_size()
+    deadline = time.monotonic() + _LEAVE_WAIT_S
+    while wait and store.add(_LEFT, 0) < world_size and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def _exit_with_parent() -> None:
