@@ -6,7 +6,7 @@
 One step is forward, backward and an SGD update over `--layers` Linear(width, width) layers
 with GELU between them, on `--tokens` tokens. Variants, each timed in the same run:
 raw PyTorch bf16 autocast (the baseline), accel bf16, torchao's own fp8 conversion without
-accel, accel fp8 with torchao, accel fp8 with
+accel, accel fp8 with torchao (its tensorwise and its rowwise recipe), accel fp8 with
 TransformerEngine (when installed), and HuggingFace accelerate's fp8 with torchao (when
 installed). Every layer of the stack is converted (the first/last-layer rule is off here:
 the stack is the thing measured). torch.compile is on unless `--eager` (torchao's float8
@@ -189,11 +189,13 @@ def main() -> int:
     from accel_precision import AORecipeKwargs, TERecipeKwargs
 
     ao = AORecipeKwargs(skip_first_last=False, min_features=0)
+    ao_rowwise = AORecipeKwargs(recipe="rowwise", skip_first_last=False, min_features=0)
     variants = {
         "raw torch bf16": raw_bf16,
         "accel bf16": accel_variant("bf16"),
         "raw torchao fp8": raw_torchao_fp8,
         "accel fp8 (ao)": accel_variant("fp8", ao),
+        "accel fp8 (ao rowwise)": accel_variant("fp8", ao_rowwise),
         "accel fp8 (te)": accel_variant("fp8", TERecipeKwargs()),
         "accelerate fp8 (ao)": hf_accelerate_fp8_ao,
     }
@@ -232,6 +234,8 @@ def main() -> int:
         torch.cuda.empty_cache()
     if args.agree_steps:
         kinds = {"bf16": ("bf16", None), "fp8 (ao)": ("fp8", ao)}
+        if "accel fp8 (ao rowwise)" not in skipped:
+            kinds["fp8 (ao rowwise)"] = ("fp8", ao_rowwise)
         if "accel fp8 (te)" not in skipped:
             kinds["fp8 (te)"] = ("fp8", TERecipeKwargs())
         agreement(args, kinds)

@@ -364,3 +364,56 @@ def test_a_full_precision_weight_offloaded_for_a_quantized_layer_is_quantized_ea
         want = own(x)
         assert torch.equal(model(x), want) and torch.equal(model(x), want)
     assert model.blocks[0].up.weight.device.type == "meta"
+
+
+# -- on a CUDA GPU --------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits", ["int8", "nf4", "fp4"])
+def test_cuda_load_equals_bitsandbytes_own_on_cuda_and_stays_within_the_step_bound(
+    reference: Stack, folder: str, x: torch.Tensor, bits: str
+) -> None:
+    """Loaded onto cuda:0 (device_map {"": 0}): every quantized layer's weight is on the GPU,
+    the model's output equals bitsandbytes' own layers quantized on the GPU (same CUDA kernels,
+    same inputs), and each layer stays within the quantization step's bound of full precision
+    (the CPU test's bounds: the int8 kernels run fp16 inputs, the 4-bit ones dequantize to
+    the fp32 compute dtype)."""
+    cuda = torch.device("cuda", 0)
+    cfg = config(bits)
+    model = load_and_quantize_model(empty_stack(), cfg, folder, device_map={"": 0})
+    layer = model.blocks[0].up
+    assert type(layer).__name__ == ("Linear8bitLt" if bits == "int8" else "Linear4bit")
+    assert all(p.device == cuda for p in model.parameters())
+    own = copy.deepcopy(reference)
+    replace_with_bnb_layers(own, cfg, modules_to_not_convert=list(SKIP))
+    own = own.to(cuda).eval()  # moving a bitsandbytes layer to the GPU quantizes it there
+    xc = x.to(cuda)
+    with torch.no_grad():
+        assert torch.equal(model(xc), own(xc))
+    inputs: dict[str, torch.Tensor] = {}
+    full = copy.deepcopy(reference).to(cuda)
+    hooks = [
+        m.register_forward_pre_hook(lambda mod, a, n=n: inputs.__setitem__(n, a[0]))
+        for n, m in full.named_modules()
+        if isinstance(m, nn.Linear)
+    ]
+    with torch.no_grad():
+        full(xc)
+    for h in hooks:
+        h.remove()
+    quantized = dict(model.named_modules())
+    checked = 0
+    with torch.no_grad():
+        for name, layer in full.named_modules():
+            if not isinstance(layer, nn.Linear) or name in SKIP:
+                continue
+            got, want = quantized[name](inputs[name]).float(), layer(inputs[name])
+            bound = (
+                int8_bound(layer, inputs[name])
+                if bits == "int8"
+                else int4_bound(layer.cpu(), inputs[name].cpu(), bits).to(cuda)
+            )
+            layer.to(cuda)
+            assert ((got - want).abs() <= bound).all(), (name, (got - want).abs().max().item())
+            assert (got - want).abs().max() > 0  # really quantized
+            checked += 1
+    assert checked == 2 * DEPTH + 1

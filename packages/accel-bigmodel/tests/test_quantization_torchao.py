@@ -116,3 +116,26 @@ def test_a_model_with_weights_is_quantized_in_place() -> None:
 def test_another_kind_of_config_is_refused() -> None:
     with pytest.raises(TypeError, match="BnbQuantizationConfig.*or a torchao config"):
         load_and_quantize_model(copy.deepcopy(make_stack()), {"load_in_8bit": True})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_torchao_load_on_cuda_equals_its_own_quantize_on_cuda(folder: str, kind: str) -> None:
+    """Loaded onto cuda:0: the quantized weights live on the GPU, the output equals torchao's
+    own quantize_ of the same weights on the GPU, and a layer stays within half a step."""
+    cuda = torch.device("cuda", 0)
+    with init_empty_weights():
+        empty = make_stack()
+    model = load_and_quantize_model(empty, configs()[kind], folder, device_map={"": 0})
+    from torchao.quantization import quantize_
+
+    own = make_stack().to(cuda)
+    quantize_(own, configs()[kind], filter_fn=lambda m, n: isinstance(m, nn.Linear) and n != "out")
+    x = torch.randn(4, IN, generator=torch.Generator().manual_seed(1)).to(cuda)
+    with torch.no_grad():
+        assert torch.equal(model(x), own(x))
+        layer, full = model.blocks[0].up, make_stack().to(cuda).blocks[0].up
+        assert layer.weight.device == cuda and scales(layer.weight) is not None
+        error = (layer(x) - full(x)).abs()
+        assert (error <= step_bound(layer.weight, x)).all()
+        assert error.max() > 0

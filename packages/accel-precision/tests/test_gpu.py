@@ -115,3 +115,51 @@ def test_fp8_transformer_engine_block_trains_close_to_bf16():
     losses, out, model = _train(p)
     assert has_te_layers(model)
     _check_close_to_bf16(losses, out)
+
+
+# -- torchao's recipes at the widths fp8 is meant for ---------------------------------------------
+# Error budget against bf16 (whose own rounding, 2**-9 relative, is small beside fp8's). A value
+# scaled into fp8's range is rounded by at most half a step: 2**-4 of its binade's base in
+# e4m3 (3 mantissa bits), 2**-3 in e5m2; over a binade that is 0.026 (e4m3) and 0.052 (e5m2)
+# RMS relative. Independent errors add in quadrature, and a GEMM's output keeps its operands'
+# relative error in its norm. Forward, two GEMMs with both operands in e4m3: sqrt(4) x 0.026
+# = 0.052. The first layer's weight gradient: the loss gradient carries the output's error
+# (0.052); the second layer's input-gradient GEMM rounds it (e5m2 under tensorwise, 0.052) and
+# its weight (0.026); the weight-gradient GEMM rounds that gradient again (0.052) and the input
+# (0.026): sqrt(0.052**2 x 4 + 0.026**2 x 2) = 0.11. Bounds: about twice those, 0.10 and 0.20
+# (rowwise keeps every operand in e4m3: within them too); fp8 must also differ from bf16 by
+# more than bf16's own rounding (0.002), or no fp8 GEMM ran.
+FP8_FORWARD, FP8_GRADIENT, BF16_ROUNDING = 0.10, 0.20, 0.002
+
+
+def _wide_pass(precision, width: int, tokens: int) -> tuple[torch.Tensor, torch.Tensor, nn.Module]:
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(width, width, bias=False), nn.GELU(), nn.Linear(width, width, bias=False)
+    ).cuda()
+    model = precision.wrap_forward(precision.convert_module(model))
+    g = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(tokens, width, device="cuda", generator=g)
+    out = model(x)
+    out.float().pow(2).mean().backward()
+    return out.detach().float(), model[0].weight.grad.detach().float(), model
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm()).item()
+
+
+@pytest.mark.parametrize("width", [4096, 8192])
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_fp8_torchao_recipes_at_width_agree_with_bf16(recipe: str, width: int) -> None:
+    _needs_fp8()
+    pytest.importorskip("torchao.float8")
+    kw = AORecipeKwargs(recipe=recipe, skip_first_last=False, min_features=0)
+    out, grad, model = _wide_pass(
+        make_precision("fp8", device_type="cuda", fp8_kwargs=kw), width, 4096
+    )
+    assert has_ao_float8_layers(model)
+    ref_out, ref_grad, _ = _wide_pass(make_precision("bf16", device_type="cuda"), width, 4096)
+    forward, gradient = _relative(out, ref_out), _relative(grad, ref_grad)
+    assert BF16_ROUNDING < forward < FP8_FORWARD, (recipe, width, forward)
+    assert gradient < FP8_GRADIENT, (recipe, width, gradient)

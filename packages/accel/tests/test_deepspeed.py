@@ -612,6 +612,82 @@ def test_zero_checkpoints_resume_on_another_number_of_processes(launched, reshar
     assert not [f for f in os.listdir(launched["folder"]) if f.startswith(".accel_universal")]
 
 
+# -- on CUDA GPUs: saved by 2 NCCL processes, resumed on 1 ----------------------------------------
+def _on_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: _on_cpu(v) for k, v in value.items()}
+    return value
+
+
+def _save_on_gpus(folder: str) -> dict[str, Any]:
+    """ZeRO-2 and ZeRO-3 trained STEPS steps on 2 GPUs (half the global batch each), saved."""
+    _worker_setup()
+    from accel.utils import DeepSpeedPlugin
+
+    out = {}
+    for stage, name in RESHARD.items():
+        acc = _accelerator(DeepSpeedPlugin(zero_stage=stage))
+        with acc.deepspeed_plugin.zero3_init():
+            net = make_net()
+        model, opt, loader = acc.prepare(
+            net, make_optimizer(net.parameters()), _loader(GLOBAL_BATCH // 2)
+        )
+        _train(acc, model, opt, loader, STEPS)
+        acc.save_state(Path(folder) / name)
+        out[name] = {"saved": _on_cpu(_zero_state(model)), "device": str(acc.device)}
+    return out
+
+
+def _resume_on_one_gpu(folder: str) -> dict[str, Any]:
+    """Each checkpoint loaded by 1 GPU process (the universal conversion), one more step on
+    the first GLOBAL_BATCH samples."""
+    _worker_setup()
+    from accel.utils import DeepSpeedPlugin
+
+    x, y = dataset()[:GLOBAL_BATCH]
+    out: dict[str, Any] = {}
+    for stage, name in RESHARD.items():
+        acc = _accelerator(DeepSpeedPlugin(zero_stage=stage))
+        with acc.deepspeed_plugin.zero3_init():
+            net = make_net()
+        model, opt, _ = acc.prepare(net, make_optimizer(net.parameters()), _loader(GLOBAL_BATCH))
+        acc.load_state(Path(folder) / name)
+        loaded = _on_cpu(_zero_state(model))
+        acc.backward(nn.functional.mse_loss(model(x.to(acc.device)), y.to(acc.device)))
+        opt.step()
+        opt.zero_grad()
+        stepped = {k: v["fp32"] for k, v in _on_cpu(_zero_state(model))["params"].items()}
+        out[name] = {"loaded": loaded, "stepped": stepped, "device": str(acc.device)}
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2, reason="saving ZeRO partitions of 2 NCCL ranks needs 2 GPUs"
+)
+def test_zero_checkpoints_of_two_gpus_resume_on_one(tmp_path):
+    """As test_zero_checkpoints_resume_on_another_number_of_processes, on CUDA: ZeRO-2 and
+    ZeRO-3 saved by 2 GPU processes load on 1 with the very same fp32 weights, Adam moments,
+    step and lr; the next step is plain AdamW's from that state (float32 rounding)."""
+    saved = run_distributed(_save_on_gpus, str(tmp_path), world_size=2, timeout=400)
+    (resumed,) = run_distributed(_resume_on_one_gpu, str(tmp_path), world_size=1, timeout=400)
+    for name in RESHARD.values():
+        expected = saved[0][name]["saved"]
+        assert [r[name]["device"] for r in saved] == ["cuda:0", "cuda:1"]
+        assert resumed[name]["device"] == "cuda:0"
+        loaded = resumed[name]["loaded"]
+        assert loaded["steps"] == expected["steps"] == [float(STEPS)]
+        assert loaded["lr"] == expected["lr"]
+        for param, states in expected["params"].items():
+            for key, value in states.items():
+                assert torch.equal(loaded["params"][param][key], value), (name, param, key)
+        start = {k: v["fp32"] for k, v in expected["params"].items()}
+        _same_training(resumed[name]["stepped"], _one_more_step(expected), steps=1, start=start)
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".accel_universal")]
+
+
 def test_the_workers_ran_without_transformers(launched):
     assert all(r["transformers"] for r in launched["ranks"] + launched["again"])
 

@@ -346,6 +346,56 @@ def test_pp2_plain_model_equals_one_process(two: Any, schedule: str) -> None:
         assert rank[schedule]["strategy"] == "pipeline"
 
 
+def _gpu_pipeline_worker(schedules: list[str]) -> dict:
+    """pp=2 over NCCL, one GPU per stage: Net trained with each schedule, as `_train_net`."""
+    from accel import Accelerator, AcceleratorState, ParallelismConfig
+
+    out = {}
+    for schedule in schedules:
+        AcceleratorState._reset_state()  # the process group stays; the next one adopts it
+        config = ParallelismConfig(pp_size=2, pp_schedule=schedule, pp_plan=PLAN,
+                                   pp_loss_fn=nn.functional.mse_loss, pp_microbatches=4)  # fmt: skip
+        acc = Accelerator(parallelism_config=config)
+        model = make_net()
+        opt = make_optimizer(model.parameters())
+        model, opt = acc.prepare(model, opt)
+        losses = []
+        for x, y in batches():
+            out_ = model(x.to(acc.device), labels=y.to(acc.device))
+            acc.backward(out_.loss)
+            acc.clip_grad_norm_(model.parameters(), 0.5)
+            opt.step()
+            opt.zero_grad()
+            loss = torch.tensor([out_.loss.item()], device=acc.device)  # NCCL: a GPU tensor
+            losses.append(acc.reduce(loss, "mean").item())
+        out[schedule] = {
+            "state": {k: v.detach().cpu() for k, v in acc.get_state_dict(model).items()},
+            "losses": losses,
+            "strategy": acc.strategy.name,
+            "device": str(acc.device),
+            "backend": torch.distributed.get_backend(),
+        }
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2, reason="a pipeline of 2 stages over NCCL needs 2 CUDA GPUs"
+)
+def test_pp2_schedules_on_two_gpus_equal_one_process() -> None:
+    """1F1B and Interleaved 1F1B with the stages on cuda:0 and cuda:1 (NCCL sends the
+    activations and gradients) train Net as one CPU process does, within float32 rounding."""
+    schedules = ["1F1B", "Interleaved1F1B"]
+    results = run_distributed(_gpu_pipeline_worker, schedules, world_size=2, timeout=300)
+    expected = reference_net()
+    for rank, result in enumerate(results):
+        for schedule in schedules:
+            got = result[schedule]
+            assert got["device"] == f"cuda:{rank}" and got["backend"] == "nccl"
+            assert got["strategy"] == "pipeline"
+            _same_net(got, expected)
+
+
 def test_micro_batches_and_accumulation_equal_one_large_batch(two: Any) -> None:
     results, _ = two
     expected = reference_net()

@@ -112,6 +112,50 @@ def test_accumulation_takes_one_quorum_and_one_commit_per_optimizer_step(
     assert_same_training(got, reference.state_dict(), start, bound=3 * float32_error(2, 8))
 
 
+@pytest.mark.gpu
+def test_a_replica_group_on_cuda_runs_its_collectives_over_nccl(
+    lighthouse: Callable[[int], str],
+) -> None:
+    """On a GPU the group's process group is torchft's ProcessGroupNCCL (the device entry's
+    backend), its quorum configures it, and 3 steps through it (each averaging the gradients
+    over the replica groups, one here) equal plain SGD on the same GPU."""
+    from accel.utils import FaultTolerancePlugin
+
+    plugin = FaultTolerancePlugin(
+        replica_group_id=0, num_replica_groups=1, min_replica_groups=1,
+        lighthouse=lighthouse(1), timeout=30.0,
+    )  # fmt: skip
+    acc = Accelerator(fault_tolerance=plugin)
+    assert acc.device.type == "cuda"
+    model = _model().to(acc.device)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    model, optimizer = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    strategy = acc.strategy
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(6, 4, generator=g).cuda(), torch.randn(6, 1, generator=g).cuda()
+    try:
+        for i in range(3):
+            acc.backward(nn.functional.mse_loss(model(x[2 * i : 2 * i + 2]), y[2 * i : 2 * i + 2]))
+            optimizer.step()
+            optimizer.zero_grad()
+        backend = type(strategy.manager._pg).__name__
+        steps = strategy.current_step
+    finally:
+        strategy.shutdown()
+    assert backend == "ProcessGroupNCCL" and steps == 3
+    reference = _model().cuda()
+    sgd = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for i in range(3):
+        nn.functional.mse_loss(reference(x[2 * i : 2 * i + 2]), y[2 * i : 2 * i + 2]).backward()
+        sgd.step()
+        sgd.zero_grad()
+    # 2 layers, sums of at most 8 terms (the width), 3 steps
+    got = {k: v.cpu() for k, v in acc.unwrap_model(model).state_dict().items()}
+    want = {k: v.cpu() for k, v in reference.state_dict().items()}
+    start = {k: v.cpu() for k, v in start.items()}
+    assert_same_training(got, want, start, bound=3 * float32_error(2, 8))
+
+
 def test_two_groups_given_one_id_fail_clearly_not_hang(
     lighthouse: Callable[[int], str],
 ) -> None:

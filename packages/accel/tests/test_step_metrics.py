@@ -383,6 +383,49 @@ def test_bf16_llama_mfu_on_a_gpu_against_the_table_and_by_hand() -> None:
     assert metrics["peak_memory_reserved_bytes"] >= metrics["peak_memory_bytes"] > 0
 
 
+@pytest.mark.gpu
+def test_bf16_mlp_step_metrics_on_a_gpu_count_the_flops_and_wait_for_the_kernels() -> None:
+    """No transformers needed: a wide Stack in bf16 on cuda:0. FLOPs within the spec's bound of
+    the analytic count; the step time covers the GPU's work (the metrics synchronize the
+    device before reading the clock: without it, a step of queued matmuls would read as its
+    launch time, a fraction of the kernels' time measured by CUDA events); MFU is FLOPs over
+    time over the peak (the table's for a listed GPU); the peaks are the caching allocator's."""
+    width, rows = 4096, 2048
+    torch.manual_seed(0)
+    model = Stack(width=width, depth=4, hidden=width, in_features=width, out_features=width)
+    weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    analytic = 6 * weights * rows - 2 * model.inp.weight.numel() * rows
+    acc = Accelerator(mixed_precision="bf16", log_step_metrics=True)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    model, opt = acc.prepare(model, opt)
+    x = torch.randn(rows, width, device=acc.device)
+    seen, gpu_seconds = [], []
+    for _ in range(4):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        acc.backward(model(x).float().pow(2).mean())
+        opt.step()
+        opt.zero_grad()
+        end.record()
+        seen.append(acc.step_metrics)
+        gpu_seconds.append(start.elapsed_time(end) / 1000)  # the metrics synchronized already
+    assert str(acc.device).startswith("cuda")
+    peak = acc._step_metrics.peak
+    name = torch.cuda.get_device_name()
+    if _flops.table_peak(name, "bf16") is not None:
+        assert peak.source == "table" and peak.flops_per_sec == _flops.table_peak(name, "bf16")
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    for metrics, gpu in zip(seen[1:], gpu_seconds[1:]):  # the first step pays the warm-up
+        assert metrics["flops_per_step"] == pytest.approx(analytic, rel=FLOPS_RTOL)
+        seconds = metrics["step_time_sec"]
+        assert seconds >= 0.95 * gpu, (seconds, gpu)
+        assert metrics["mfu"] == pytest.approx(analytic / seconds / peak.flops_per_sec, rel=0.06)
+        assert 0 < metrics["mfu"] < 1
+        # weights and their gradients at least; the allocator reserves what it allocates
+        assert metrics["peak_memory_reserved_bytes"] >= metrics["peak_memory_bytes"]
+        assert metrics["peak_memory_bytes"] >= 2 * param_bytes
+
+
 def test_evaluation_between_steps_counts_no_samples_or_flops() -> None:
     acc = Accelerator(cpu=True, log_step_metrics=True)
     model = make_stack()
