@@ -10,12 +10,14 @@ import collections
 import compileall
 import contextlib
 import fcntl
+import hashlib
 import importlib.util
 import json
 import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -226,6 +228,26 @@ def _no_leaks():
         PartialState._reset_state()
     if problems:
         pytest.fail("test leaked state: " + "; ".join(problems))
+
+
+# -- a real S3 server (moto's) for the object-store tests ----------------------------------------
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[Any]:
+    """moto's S3 server on loopback, one per test process (accel_testkit.s3.S3Server)."""
+    from accel_testkit.s3 import s3_server
+
+    with s3_server() as server:
+        yield server
+
+
+@pytest.fixture
+def s3(s3_endpoint: Any, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh bucket (its s3:// URL), with this process's AWS environment pointing at the
+    server for the test's duration; `s3_endpoint.env` is that environment for subprocesses."""
+    name = "t-" + hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:20]
+    url = s3_endpoint.bucket(name)
+    with s3_endpoint.environment():
+        yield url
 
 
 # -- the machine shared between pytest-xdist's workers (`pytest -n N`, CI) -----------------------
