@@ -223,6 +223,40 @@ def _same_as_full(first: tuple[str, dict[str, Any]], got: dict[str, Any]) -> Non
     assert_same_training(got["state"], full["state"], net.state_dict(), bound=bound)
 
 
+def test_hosts_share_no_filesystem_but_reach_the_store(
+    cluster: tuple[Hosts, dict[str, str]], tmp_path: Path
+) -> None:
+    """What the other tests stand on: a file a host writes in its /tmp is there for its next
+    command only, / is read-only to it, and the store answers it over the cluster network."""
+    hosts, store_env = cluster
+    mark = f"mark-{os.getpid()}"
+    _on_host(hosts, 0, ["sh", "-c", f"echo h0 > /tmp/work/{mark}"])
+    assert _on_host(hosts, 0, ["cat", f"/tmp/work/{mark}"]).strip() == "h0"
+    assert _on_host(hosts, 0, ["pwd"]).strip() == "/tmp/work"
+    assert _on_host(hosts, 0, ["sh", "-c", "echo $HOME"]).strip() == "/tmp/home"
+    for other in (1, 2):
+        assert mark not in _on_host(hosts, other, ["ls", "-a", "/tmp/work"]).split()
+    assert not Path("/tmp/work", mark).exists()
+    # the test's own /tmp is out of sight, the repository (the code it runs) read-only
+    (tmp_path / "here").write_text("test")
+    probe = ["sh", "-c", f"ls {tmp_path} 2>&1; touch {HERE}/x 2>&1; true"]
+    seen = _on_host(hosts, 1, probe)
+    assert "No such file or directory" in seen and "Read-only file system" in seen, seen
+    assert not (HERE / "x").exists()
+    code = (
+        "from accel_bigmodel import stores; "
+        f"stores.write_bytes('s3://{BUCKET}/probe/h1', b'from h1'); "
+        f"print(stores.read_bytes('s3://{BUCKET}/probe/h1').decode())"
+    )
+    env = {**os.environ, **store_env}
+    done = subprocess.run(
+        hosts.command(1, [sys.executable, "-c", code], private=True),
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == "from h1", done.stderr[-2000:]
+    assert _store_files(hosts, store_env, f"s3://{BUCKET}/probe") == ["h1"]
+
+
 def test_the_checkpoint_is_in_the_store_only(
     cluster: tuple[Hosts, dict[str, str]], first: tuple[str, dict[str, Any]]
 ) -> None:
