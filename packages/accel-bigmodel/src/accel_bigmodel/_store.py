@@ -98,7 +98,9 @@ def store_call(url: str, action: str, call: Callable[[], T]) -> T:
     being done (`action`) and the fix."""
     try:
         return call()
-    except FileNotFoundError:
+    except FileNotFoundError as err:
+        if "bucket" in str(err).lower():
+            raise _bucket_missing(url) from err
         raise
     except Exception as err:
         raise explain(err, url, action) from err

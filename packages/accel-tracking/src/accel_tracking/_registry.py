@@ -150,6 +150,12 @@ def _check_usable(name: str, logging_dir: Any) -> None:
             f"Logging with `{name}` requires a `logging_dir`: the tracker writes files, and no "
             f"directory was given. Pass logging_dir (the Accelerator's project_dir)."
         )
+    if cls.requires_logging_directory and "://" in str(logging_dir).replace("file://", ""):
+        raise ValueError(
+            f"Logging with `{name}` writes files into logging_dir, which is a URL "
+            f"({logging_dir!r}; it defaults to project_dir): pass a local folder, "
+            f"ProjectConfiguration(project_dir=..., logging_dir='runs')."
+        )
 
 
 def filter_trackers(log_with: LogWith, logging_dir: Any = None) -> list[str | Any]:

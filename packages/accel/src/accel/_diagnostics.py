@@ -27,7 +27,9 @@ _OOM_HISTORY_ENTRIES = 100_000  # allocator events kept (torch's own default)
 
 
 def _run_folder(project_dir: str | os.PathLike[str] | None) -> Path:
-    return Path(project_dir) if project_dir else Path.cwd()
+    if not project_dir or "://" in os.fspath(project_dir):  # a store: reports stay local
+        return Path.cwd()
+    return Path(project_dir)
 
 
 def start_hang_doctor(

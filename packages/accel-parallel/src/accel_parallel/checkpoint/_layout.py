@@ -59,6 +59,8 @@ CUSTOM_RE = re.compile(rf"^{CUSTOM_NAME}_\d+\.pkl$")
 # complete: `checkpoints/` only ever holds complete folders, which is what accelerate's
 # load_state (which takes the highest number there) needs after an interrupted save.
 STAGING = ".accel_incomplete_checkpoints"
+# In an object store (no rename): the first object of a save, removed once MARKER is written
+STORE_SENTINEL = ".accel_incomplete"
 
 _INDEX_RE = re.compile(r"_(\d+)$")
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import os
 import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,8 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from accel._checkpoint import _naming
-from accel._checkpoint._commit import AsyncSave, finalize
+from accel._checkpoint._commit import AsyncSave
+from accel._checkpoint._destination import destination, fetch_checkpoint
 from accel._checkpoint._load import (
     check_checkpoint,
     check_map_location,
@@ -42,7 +44,6 @@ from accel_parallel.checkpoint import (
     model_name,
     optimizer_name,
     scheduler_file,
-    staging_path,
 )
 
 
@@ -78,8 +79,13 @@ class Checkpointer:
         self.save_hooks: collections.OrderedDict[int, Callable] = collections.OrderedDict()
         self.load_hooks: collections.OrderedDict[int, Callable] = collections.OrderedDict()
         self.pending: AsyncSave | None = None
+        self.last_upload_bytes = 0  # what this process sent to a store at the last save
         # The CPU copies of the last asynchronous save, reused by the next (free_memory drops)
         self.staging_buffers = StagingBuffers()
+        if _naming.is_url(project_configuration.project_dir) and state.is_local_main_process:
+            from accel_bigmodel.stores import check_store  # each host's own way to the store
+
+            check_store(project_configuration.project_dir, write=True)  # now, not at a save
 
     # -- registration ------------------------------------------------------------------------
     def register(self, *objects: Any) -> None:
@@ -117,15 +123,15 @@ class Checkpointer:
             return self.state.is_local_main_process
         return self.state.is_main_process
 
-    def _sharers(self, target: Path) -> list[int]:
+    def _sharers(self, target: str) -> list[int]:
         """The ranks saving into the same folder as this process (every rank, unless the
         processes were given folders of their own: a temporary folder each, say)."""
         import accel_state
 
         if self.state.num_processes == 1:
             return [0]
-        targets = accel_state.gather_object([os.fspath(target)])
-        return [r for r, t in enumerate(targets) if t == os.fspath(target)]
+        targets = accel_state.gather_object([target])
+        return [r for r, t in enumerate(targets) if t == target]
 
     def _owns(self, sharers: list[int]) -> bool:
         """Whether this process creates and completes its folder: the writer, or the first of
@@ -157,37 +163,65 @@ class Checkpointer:
             if pc.automatic_checkpoint_naming:  # another replica group writes the same folder
                 pc.iteration += 1
             return os.fspath(target)
-        tmp = staging_path(target, pc.automatic_checkpoint_naming)
-        sharers = self._sharers(target)
+        dest = destination(target, pc.automatic_checkpoint_naming)
+        sharers = self._sharers(dest.name)
         owner = self._owns(sharers)
         if owner:
-            if tmp.exists():
-                shutil.rmtree(tmp)
-            tmp.mkdir(parents=True)
-            target.parent.mkdir(parents=True, exist_ok=True)
+            self._agreed(dest, dest.prepare, everyone=False)
         self.state.wait_for_everyone()
         meta = marker_meta(self)
         limit = pc.total_limit if pc.automatic_checkpoint_naming else None
         if asynchronous:
             with staged_writes(self.staging_buffers) as jobs:  # copied now, written later
-                write_checkpoint(self, tmp, safe_serialization)
+                write_checkpoint(self, dest.staging, safe_serialization)
             self.pending = AsyncSave(
-                jobs, tmp, target, meta, limit, writer=owner,
+                jobs, dest, meta, limit, writer=owner,
                 rank=self.state.process_index, ranks=sharers, fsync=pc.fsync,
             )  # fmt: skip
             if pc.automatic_checkpoint_naming:
                 pc.iteration += 1
-            return os.fspath(target)
-        # Files are written by several threads at once, each flushed in the background.
-        with deferred_fsync(enabled=pc.fsync), parallel_writes():
-            write_checkpoint(self, tmp, safe_serialization)
-        self.state.wait_for_everyone()
-        if owner:
-            finalize(tmp, target, meta, limit, pc.fsync)
-        self.state.wait_for_everyone()
+            return dest.name
+        try:
+            # Files are written by several threads at once, each flushed in the background.
+            with deferred_fsync(enabled=pc.fsync and dest.local), parallel_writes():
+                write_checkpoint(self, dest.staging, safe_serialization)
+            self._agreed(dest, dest.publish, everyone=not dest.local)
+            self.state.wait_for_everyone()
+            if owner:
+                self._agreed(dest, lambda: dest.finalize(meta, limit, pc.fsync), everyone=False)
+            self.state.wait_for_everyone()
+        finally:
+            dest.cleanup()
+        self.last_upload_bytes = dest.uploaded_bytes
         if pc.automatic_checkpoint_naming:
             pc.iteration += 1
-        return os.fspath(target)
+        return dest.name
+
+    def _agreed(self, dest: Any, step: Callable[[], None], everyone: bool) -> None:
+        """Run `step`; with `everyone` (a store's upload, on every process), every process
+        learns of any process's failure and raises it, instead of waiting for that process
+        at the next barrier. A store's errors name the URL and the fix."""
+        error: BaseException | None = None
+        try:
+            step()
+        except Exception as err:
+            if not everyone:
+                raise
+            error = err
+        if not everyone or self.state.num_processes == 1:
+            if error is not None:
+                raise error
+            return
+        import accel_state
+
+        failures = [f for f in accel_state.gather_object([_describe(error)]) if f is not None]
+        if error is not None:
+            raise error
+        if failures:
+            raise RuntimeError(
+                f"save_state into {dest.name} failed on another process: {failures[0]}; the "
+                f"previous checkpoint is still the newest complete one."
+            )
 
     def wait(self) -> None:
         """Wait until an asynchronous save is written and marked complete (on every process);
@@ -222,7 +256,25 @@ class Checkpointer:
                 )
             source = _naming.newest_checkpoint(pc, self.state.is_main_process, stacklevel=3)
         else:
-            source = Path(input_dir)
+            source = _naming.as_location(input_dir)
+        if isinstance(source, str):  # a store: this process's files fetched to a local folder
+            local = fetch_checkpoint(source, self.state.process_index)
+            try:
+                self._load_folder(local, stateful_loaders, load_kwargs)
+            except (ValueError, FileNotFoundError, RuntimeError) as err:
+                if os.fspath(local) not in str(err):
+                    raise
+                raise type(err)(str(err).replace(os.fspath(local), source)) from err
+            finally:
+                shutil.rmtree(local, ignore_errors=True)
+        else:
+            self._load_folder(source, stateful_loaders, load_kwargs)
+        _naming.continue_numbering(pc, source)
+        return os.fspath(source)
+
+    def _load_folder(
+        self, source: Path, stateful_loaders: bool, load_kwargs: dict[str, Any]
+    ) -> None:
         meta = check_checkpoint(self, source)
         models = list(self.models)
         for hook in self.load_hooks.values():
@@ -247,8 +299,6 @@ class Checkpointer:
         load_process_state(self, source, meta, stateful_loaders)
         if replica_groups(self.strategy) and meta and "replica_groups" in meta:
             self.strategy.load_run_state(meta["replica_groups"])
-        _naming.continue_numbering(pc, source)
-        return os.fspath(source)
 
     def load_if_any(self, *, stateful_loaders: bool = False, **load_kwargs: Any) -> str | None:
         """The newest complete automatic checkpoint loaded, or None when there is none."""
@@ -282,6 +332,21 @@ class Checkpointer:
             state = get_state_dict_offloaded_model(unwrapped)  # its weights live on cpu / disk
         else:
             state = self.strategy.model_state_dict(model)
-        if self.writer:
-            save_sharded_weights(state, Path(save_directory), max_shard_size, safe_serialization)
+        if self.writer and _naming.is_url(save_directory):  # written locally, then uploaded
+            from accel_bigmodel import stores
+
+            local = Path(tempfile.mkdtemp(prefix="accel-upload-"))
+            try:
+                save_sharded_weights(state, local, max_shard_size, safe_serialization)
+                stores.upload(local, str(save_directory).rstrip("/"))
+            finally:
+                shutil.rmtree(local, ignore_errors=True)
+        elif self.writer:
+            save_sharded_weights(
+                state, _naming.as_location(save_directory), max_shard_size, safe_serialization
+            )
         self.state.wait_for_everyone()
+
+
+def _describe(error: BaseException | None) -> str | None:
+    return None if error is None else f"{type(error).__name__}: {error}"

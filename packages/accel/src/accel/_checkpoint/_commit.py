@@ -17,7 +17,7 @@ from typing import Any
 
 from accel._checkpoint._naming import rotate
 from accel_parallel import deferred_fsync, fsync_dir, fsync_file, run_parallel
-from accel_parallel.checkpoint import MARKER, STAGING, replaced_path, written_flag
+from accel_parallel.checkpoint import MARKER, STAGING, replaced_path
 
 
 def finalize(tmp: Path, target: Path, meta: dict[str, Any], limit: int | None, fsync: bool) -> None:
@@ -45,8 +45,9 @@ def finalize(tmp: Path, target: Path, meta: dict[str, Any], limit: int | None, f
 class AsyncSave:
     """The background half of an asynchronous save_state on one process.
 
-    Each process runs its staged writes, then leaves its `written_flag` file in the folder;
-    the process that owns the folder waits for every one of its `ranks` (no collective: training goes on in the
+    Each process runs its staged writes into `dest`'s staging folder, publishes them (an
+    upload, for a store) and then leaves its written flag with the checkpoint; the process
+    that owns it waits for every one of its `ranks` (no collective: training goes on in the
     main thread) and then finalizes. Nothing is marked complete before every file is written,
     so a process killed meanwhile leaves the previous checkpoint the newest complete one.
     """
@@ -54,37 +55,46 @@ class AsyncSave:
     WAIT_FOR_PEERS_S = 3600.0
 
     def __init__(
-        self, jobs: list, tmp: Path, target: Path, meta: dict[str, Any], limit: int | None,
+        self, jobs: list, dest: Any, meta: dict[str, Any], limit: int | None,
         *, writer: bool, rank: int, ranks: list[int], fsync: bool,
     ) -> None:  # fmt: skip
-        self.target = target
+        self.target = dest.name
         self.error: BaseException | None = None
-        args = (jobs, tmp, target, meta, limit, writer, rank, ranks, fsync)
+        args = (jobs, dest, meta, limit, writer, rank, ranks, fsync)
         self.thread = threading.Thread(target=self._run, args=args, name="accel-async-save")
         self.thread.start()
 
     def _run(
-        self, jobs: list, tmp: Path, target: Path, meta: dict[str, Any], limit: int | None,
+        self, jobs: list, dest: Any, meta: dict[str, Any], limit: int | None,
         writer: bool, rank: int, ranks: list[int], fsync: bool,
     ) -> None:  # fmt: skip
         try:
-            with deferred_fsync(enabled=fsync):
-                run_parallel(jobs)
-            (tmp / written_flag(rank)).write_text("")
+            try:
+                with deferred_fsync(enabled=fsync and dest.local):
+                    run_parallel(jobs)
+                dest.publish()
+            except BaseException:
+                with contextlib.suppress(Exception):  # the owner stops waiting for this one
+                    dest.signal(rank, ok=False)
+                raise
+            dest.signal(rank)
             if not writer:
                 return
             deadline = time.monotonic() + self.WAIT_FOR_PEERS_S
-            flags = [tmp / written_flag(r) for r in ranks]
-            while not all(f.exists() for f in flags):
+            while len(dest.written(ranks)) < len(ranks):
+                failed = dest.written(ranks, ok=False)
+                if failed:
+                    raise RuntimeError(f"processes {failed} failed to write their files")
                 if time.monotonic() > deadline:
-                    missing = [f.name for f in flags if not f.exists()]
-                    raise TimeoutError(f"processes never finished writing: {missing}")
-                time.sleep(0.02)
-            for flag in flags:
-                flag.unlink()
-            finalize(tmp, target, meta, limit, fsync)
+                    missing = sorted(set(ranks) - set(dest.written(ranks)))
+                    raise TimeoutError(f"processes {missing} never finished writing")
+                time.sleep(0.02 if dest.local else 0.2)
+            dest.clear_signals(ranks)
+            dest.finalize(meta, limit, fsync)
         except BaseException as err:  # reported by wait_for_checkpoint
             self.error = err
+        finally:
+            dest.cleanup()
 
     def join(self) -> None:
         self.thread.join()

@@ -120,7 +120,7 @@ def load_process_state(
         warnings.warn(
             f"load_state: process {index} did not exist in the run that saved "
             f"{source} ({saved_world} processes), so it keeps its own random state.",
-            stacklevel=4,
+            stacklevel=5,
         )
 
 
@@ -157,7 +157,7 @@ def _load_accel_extras(
         warnings.warn(
             f"load_state: {source} was saved by {saved_dp} data-parallel ranks, this run has "
             f"{now_dp}; the data position is approximate: " + "; ".join(notes),
-            stacklevel=5,
+            stacklevel=6,
         )
     ck.gradient_state.load_state_dict(state["gradient_state"])
     for model, grads in zip(ck.models, state.get("gradients", [])):

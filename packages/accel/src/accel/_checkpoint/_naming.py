@@ -2,7 +2,10 @@
 complete one, the number of the next, and the `total_limit` rotation.
 
 The folder names are accel-parallel's (`accel_parallel.checkpoint`); this module only applies
-the ProjectConfiguration to them.
+the ProjectConfiguration to them. A project_dir that is a store URL keeps its checkpoints as
+prefixes in the store (str URLs where a local project has Paths): complete when accel's marker
+is there, or (accelerate's, copied in) its RNG file of process 0 with no sentinel of an
+interrupted save.
 """
 
 from __future__ import annotations
@@ -15,23 +18,75 @@ from typing import Any
 
 from accel_parallel.checkpoint import (
     CHECKPOINT_RE,
+    CHECKPOINTS_FOLDER,
+    MARKER,
+    STORE_SENTINEL,
     checkpoint_folder,
     checkpoints_root,
     complete_checkpoints,
+    rng_file,
 )
 
 
-def checkpoint_root(project: Any) -> Path:
+def is_url(path: object) -> bool:
+    """Whether `path` is an object-store URL (the store module is imported only then)."""
+    if not isinstance(path, str) or "://" not in path:
+        return False
+    from accel_bigmodel.stores import is_url as url
+
+    return url(path)
+
+
+def _name(location: Path | str) -> str:
+    return location.name if isinstance(location, Path) else location.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _join(root: Path | str, name: str) -> Path | str:
+    return root / name if isinstance(root, Path) else f"{root.rstrip('/')}/{name}"
+
+
+def store_state(url: str) -> str:
+    """'complete', 'interrupted' (accel's sentinel, no marker) or 'missing' for a prefix."""
+    from accel_bigmodel import stores
+
+    names = set(stores.list_names(url))
+    if MARKER in names:
+        return "complete"
+    if STORE_SENTINEL in names:
+        return "interrupted"
+    return "complete" if rng_file(0) in names else "missing"
+
+
+def _complete_in_store(root: str) -> tuple[list[str], list[str]]:
+    from accel_bigmodel import stores
+
+    complete, incomplete = [], []
+    for name in stores.list_names(root):
+        if CHECKPOINT_RE.match(name):
+            url = stores.join(root, name)
+            (complete if store_state(url) == "complete" else incomplete).append(url)
+    complete.sort(key=lambda u: int(CHECKPOINT_RE.match(_name(u)).group(1)))
+    return complete, sorted(incomplete)
+
+
+def complete_in(root: Path | str) -> tuple[list, list]:
+    """(complete checkpoints sorted by number, incomplete ones) under `root`."""
+    return complete_checkpoints(root) if isinstance(root, Path) else _complete_in_store(root)
+
+
+def checkpoint_root(project: Any) -> Path | str:
     """Where `project` (a ProjectConfiguration) keeps its automatic checkpoints."""
     if project.project_dir is None:
         raise ValueError(
             "automatic_checkpoint_naming needs a project directory: pass project_dir= to "
             "the Accelerator (or ProjectConfiguration(project_dir=...))."
         )
+    if is_url(project.project_dir):
+        return f"{project.project_dir.rstrip('/')}/{CHECKPOINTS_FOLDER}"
     return checkpoints_root(project.project_dir)
 
 
-def save_target(project: Any, output_dir: str | os.PathLike[str] | None) -> Path:
+def save_target(project: Any, output_dir: str | os.PathLike[str] | None) -> Path | str:
     """The folder a save_state(output_dir) call writes: the next automatic name, or
     `output_dir` (exactly one of the two applies)."""
     if project.automatic_checkpoint_naming:
@@ -40,24 +95,32 @@ def save_target(project: Any, output_dir: str | os.PathLike[str] | None) -> Path
                 "automatic_checkpoint_naming is on: call save_state() without output_dir "
                 f"(got {output_dir!r})."
             )
-        return checkpoint_root(project) / checkpoint_folder(project.iteration)
+        return _join(checkpoint_root(project), checkpoint_folder(project.iteration))
     if output_dir is None:
         raise ValueError(
             "save_state() needs output_dir, or ProjectConfiguration("
             "automatic_checkpoint_naming=True) with a project_dir."
         )
-    return Path(output_dir)
+    return as_location(output_dir)
 
 
-def newest_checkpoint(project: Any, warn: bool, stacklevel: int) -> Path:
+def as_location(path: str | os.PathLike[str]) -> Path | str:
+    """A store URL as given (a str), anything else as a local Path (file:// URLs included)."""
+    if is_url(path):
+        return path.rstrip("/")
+    text = os.fspath(path)
+    return Path(text[len("file://") :] if text.lower().startswith("file://") else text)
+
+
+def newest_checkpoint(project: Any, warn: bool, stacklevel: int) -> Path | str:
     """The newest complete automatic checkpoint; with `warn`, the incomplete ones (a save
     that was interrupted) are named in a warning."""
     root = checkpoint_root(project)
-    complete, incomplete = complete_checkpoints(root)
+    complete, incomplete = complete_in(root)
     if incomplete and warn:
         warnings.warn(
             f"load_state: ignoring incomplete checkpoints (a save was interrupted): "
-            f"{[p.name for p in incomplete]}",
+            f"{[_name(p) for p in incomplete]}",
             stacklevel=stacklevel + 1,
         )
     if not complete:
@@ -67,20 +130,32 @@ def newest_checkpoint(project: Any, warn: bool, stacklevel: int) -> Path:
 
 def has_checkpoint(project: Any) -> bool:
     """Whether there is a complete automatic checkpoint to resume."""
-    return bool(complete_checkpoints(checkpoint_root(project))[0])
+    return bool(complete_in(checkpoint_root(project))[0])
 
 
-def continue_numbering(project: Any, source: Path) -> None:
+def continue_numbering(project: Any, source: Path | str) -> None:
     """After loading `source`, the next automatic save follows it (checkpoint_<n+1>)."""
-    match = CHECKPOINT_RE.match(source.name)
+    match = CHECKPOINT_RE.match(_name(source))
     if project.automatic_checkpoint_naming and match:
         project.iteration = int(match.group(1)) + 1
 
 
-def rotate(root: Path, limit: int | None) -> None:
+def rotate(root: Path | str, limit: int | None) -> None:
     """Keep the `limit` newest complete checkpoints under `root` (all with None)."""
     if limit is None:
         return
-    complete, _ = complete_checkpoints(root)
+    complete, _ = complete_in(root)
     for old in complete[: max(len(complete) - limit, 0)]:
-        shutil.rmtree(old)
+        if isinstance(old, Path):
+            shutil.rmtree(old)
+        else:
+            _remove_from_store(old)
+
+
+def _remove_from_store(url: str) -> None:
+    """A checkpoint deleted from a store: its marker first, so that a deletion cut short
+    leaves an incomplete prefix, never a complete-looking one missing files."""
+    from accel_bigmodel import stores
+
+    stores.remove(stores.join(url, MARKER))
+    stores.remove(url)

@@ -1,0 +1,182 @@
+"""Where one save_state goes: a local folder, or a prefix in an object store.
+
+Both are written the same way by `_write` (into a local folder, `staging`) and completed the
+same way by the Checkpointer; they differ in how the files reach their place and how the
+checkpoint is marked complete:
+
+- `LocalDestination`: a hidden temporary folder beside the target, renamed into place after
+  accel's marker is written (`_commit.finalize`); byte for byte what accel always wrote.
+- `StoreDestination`: a store has no rename. The owning process first writes a sentinel
+  (``.accel_incomplete``) into the cleared prefix; every process writes its files into a
+  private local folder and uploads them (no shared filesystem assumed: each process sends only
+  what it wrote, a sharded engine its own shards); then the owner writes the marker, removes
+  the sentinel and rotates. A prefix with a marker is complete; one with the sentinel and no
+  marker is a save that was interrupted, named as such and never loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from accel._checkpoint._commit import finalize
+from accel._checkpoint._naming import rotate, store_state
+from accel_parallel.checkpoint import (
+    MARKER,
+    STORE_SENTINEL,
+    process_file,
+    rng_file,
+    staging_path,
+    written_flag,
+)
+
+
+class LocalDestination:
+    """A checkpoint folder on this machine (`target`), staged in a temporary folder."""
+
+    local = True
+
+    def __init__(self, target: Path, automatic: bool) -> None:
+        self.target = target
+        self.staging = staging_path(target, automatic)
+        self.uploaded_bytes = 0
+
+    @property
+    def name(self) -> str:
+        return os.fspath(self.target)
+
+    def prepare(self) -> None:
+        """On the owning process, before anyone writes."""
+        if self.staging.exists():
+            shutil.rmtree(self.staging)
+        self.staging.mkdir(parents=True)
+        self.target.parent.mkdir(parents=True, exist_ok=True)
+
+    def publish(self) -> None:
+        """This process's files are where they belong once written."""
+
+    def signal(self, rank: int, ok: bool = True) -> None:
+        (self.staging / _flag(rank, ok)).write_text("")
+
+    def written(self, ranks: list[int], ok: bool = True) -> list[int]:
+        """The `ranks` whose files are written (an asynchronous save's flags); with
+        `ok=False`, those whose writing failed."""
+        return [r for r in ranks if (self.staging / _flag(r, ok)).exists()]
+
+    def clear_signals(self, ranks: list[int]) -> None:
+        for rank in ranks:
+            (self.staging / written_flag(rank)).unlink()
+
+    def finalize(self, meta: dict[str, Any], limit: int | None, fsync: bool) -> None:
+        finalize(self.staging, self.target, meta, limit, fsync)
+
+    def cleanup(self) -> None:
+        """This process's part of the save is over (nothing to remove locally)."""
+
+
+class StoreDestination:
+    """A checkpoint prefix in an object store (`url`), each process's files staged in a
+    private local folder and uploaded."""
+
+    local = False
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+        self.staging = Path(tempfile.mkdtemp(prefix="accel-upload-"))
+        self.uploaded_bytes = 0
+
+    @property
+    def name(self) -> str:
+        return self.url
+
+    def prepare(self) -> None:
+        """On the owning process: an older checkpoint of this name loses its marker first
+        (it is no longer complete), then everything; the sentinel goes in before any file."""
+        from accel_bigmodel import stores
+
+        marker = stores.join(self.url, MARKER)
+        if stores.exists(marker):
+            stores.remove(marker)
+        stores.remove(self.url)
+        stores.write_bytes(stores.join(self.url, STORE_SENTINEL), b"")
+
+    def publish(self) -> None:
+        from accel_bigmodel import stores
+
+        self.uploaded_bytes = stores.upload(self.staging, self.url)
+
+    def signal(self, rank: int, ok: bool = True) -> None:
+        from accel_bigmodel import stores
+
+        stores.write_bytes(stores.join(self.url, _flag(rank, ok)), b"")
+
+    def written(self, ranks: list[int], ok: bool = True) -> list[int]:
+        from accel_bigmodel import stores
+
+        present = set(stores.list_names(self.url))
+        return [r for r in ranks if _flag(r, ok) in present]
+
+    def clear_signals(self, ranks: list[int]) -> None:
+        from accel_bigmodel import stores
+
+        for rank in ranks:
+            stores.remove(stores.join(self.url, written_flag(rank)))
+
+    def finalize(self, meta: dict[str, Any], limit: int | None, fsync: bool) -> None:
+        """The marker (listing every file), then the sentinel removed, then the rotation."""
+        from accel_bigmodel import stores
+
+        names = [n for n in stores.list_names(self.url) if n != STORE_SENTINEL]
+        meta = {**meta, "files": names}
+        stores.write_bytes(stores.join(self.url, MARKER), json.dumps(meta, indent=1).encode())
+        stores.remove(stores.join(self.url, STORE_SENTINEL))
+        rotate(self.url.rsplit("/", 1)[0], limit)
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+
+def _flag(rank: int, ok: bool) -> str:
+    return written_flag(rank) if ok else f"{written_flag(rank)}.failed"
+
+
+def destination(target: Path | str, automatic: bool) -> LocalDestination | StoreDestination:
+    """The destination of a save into `target` (a local folder or a store URL)."""
+    if isinstance(target, str):
+        return StoreDestination(target)
+    return LocalDestination(target, automatic)
+
+
+def fetch_checkpoint(url: str, rank: int) -> Path:
+    """A complete checkpoint in a store, copied into a new local folder for process `rank`:
+    every file but the other processes' RNG and process files (with accel's marker; a
+    checkpoint accelerate wrote comes whole). The caller removes the folder."""
+    from accel_bigmodel import stores
+
+    state = store_state(url)
+    if state != "complete":
+        why = (
+            f"a save into it was interrupted ({STORE_SENTINEL} is there, accel's {MARKER} is not)"
+            if state == "interrupted"
+            else f"neither accel's {MARKER} nor accelerate's {rng_file(0)} is there: the prefix "
+            f"holds no checkpoint"
+        )
+        raise FileNotFoundError(f"{url} is not a complete checkpoint: {why}. Pass a complete one.")
+    skip: set[str] = set()
+    names = stores.list_names(url)
+    if MARKER in names:
+        meta = json.loads(stores.read_bytes(stores.join(url, MARKER)))
+        saved = int(meta.get("num_processes") or 1)
+        mine = min(rank, saved - 1)
+        skip = {f(r) for r in range(saved) if r != mine for f in (rng_file, process_file)}
+    local = Path(tempfile.mkdtemp(prefix="accel-download-"))
+    try:
+        stores.download(url, local, keep=lambda name: name not in skip)
+    except BaseException:
+        shutil.rmtree(local, ignore_errors=True)
+        raise
+    return local
