@@ -196,11 +196,13 @@ def _resume(
 
 def _nothing_local(hosts: Hosts, result: dict[str, Any], on: Sequence[int]) -> None:
     """The run's files are in the store and on its hosts' own /tmp only: no folder named
-    after the URL on any host, and what a host wrote in its working directory is not seen
-    from here."""
+    after the URL on any host, no staging folder of an upload or download left in a host's
+    /tmp, and what a host wrote in its working directory is not seen from here."""
     assert not any("s3:" in p for p in result["local"]), result["local"]
     for i in on:
         assert _on_host(hosts, i, ["find", "/tmp", "-name", "*s3:*"]) == ""
+        staged = ["find", "/tmp", "-maxdepth", "1", "-name", "accel-*load-*"]
+        assert _on_host(hosts, i, staged) == ""
         mine = _on_host(hosts, i, ["ls", "/tmp/work"]).split()
         assert any(name.startswith("ran-") for name in mine), mine
         assert not any(Path(result["cwd"], name).exists() for name in mine)
