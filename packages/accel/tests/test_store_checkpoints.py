@@ -306,3 +306,42 @@ def test_fsdp2_ranks_upload_their_own_shards_and_a_single_process_resumes(s3: st
     for name, value in out[0]["weights"].items():
         assert torch.equal(model.state_dict()[name], value), name
     assert opt.state_dict()["state"], "the optimizer state came back"
+
+
+def _zero2(url: str, resume: bool) -> dict[str, torch.Tensor]:
+    """ZeRO-2 on 2 processes, 4 steps: saving into the store after step 2 (and going on), or
+    resuming there from the store; returns the final full weights."""
+    sys.modules["transformers"] = None  # type: ignore[assignment]  # DeepSpeed's optional imports
+    sys.modules["mlflow"] = None  # type: ignore[assignment]
+    from accel.utils import DeepSpeedPlugin
+
+    acc = Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=2))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model, opt, loader = acc.prepare(model, opt, DataLoader(IdData(), batch_size=4))
+    if resume:
+        acc.load_state(url)
+    for step, batch in enumerate(loader, start=2 if resume else 0):
+        acc.backward(nn.functional.mse_loss(model(batch["x"]), batch["y"]))
+        opt.step()
+        opt.zero_grad()
+        if step == 1 and not resume:
+            acc.save_state(url)
+        if step == 3:
+            break
+    weights = {k: v.detach().float().clone() for k, v in acc.get_state_dict(model).items()}
+    acc.wait_for_everyone()
+    return weights
+
+
+@pytest.mark.needs("deepspeed")
+def test_deepspeed_zero2_saves_its_own_files_to_the_store_and_resumes_equal(s3: str) -> None:
+    url = f"{s3}/zero2/step2"
+    full = run_distributed(_zero2, url, False, world_size=2, timeout=300)
+    files = stores.files_under(url)
+    assert "accel_checkpoint.json" in files and ".accel_incomplete" not in files
+    assert any(f.startswith("pytorch_model/") and "optim_states" in f for f in files), files
+    resumed = run_distributed(_zero2, url, True, world_size=2, timeout=300)
+    for name, value in full[0].items():
+        assert torch.equal(resumed[0][name], value), name
