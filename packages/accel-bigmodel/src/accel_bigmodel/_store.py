@@ -12,10 +12,13 @@ built here contains a secret.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
+import tempfile
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -266,3 +269,34 @@ def download(url: str, local: Path, keep: Callable[[str], bool] | None = None) -
 
 def _local_files(local: Path) -> list[str]:
     return sorted(os.fspath(p.relative_to(local)) for p in local.rglob("*") if p.is_file())
+
+
+@contextlib.contextmanager
+def fetched(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A local folder holding what `path` holds: `path` itself when it is local, else a
+    temporary copy of the store prefix, removed afterwards."""
+    if not is_url(path):
+        yield local_path(path)
+        return
+    local = Path(tempfile.mkdtemp(prefix="accel-download-"))
+    try:
+        if not download(str(path), local):
+            raise FileNotFoundError(f"{path} holds nothing: pass a URL under which files are.")
+        yield local
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def published(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A local folder to write into for `path`: `path` itself when it is local, else a
+    temporary folder uploaded to the store prefix when the block succeeds, then removed."""
+    if not is_url(path):
+        yield local_path(path)
+        return
+    local = Path(tempfile.mkdtemp(prefix="accel-upload-"))
+    try:
+        yield local
+        upload(local, str(path).rstrip("/"))
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
