@@ -259,9 +259,24 @@ def test_a_bad_project_dir_fails_at_init_naming_the_url(s3: str) -> None:
         Accelerator(cpu=True, project_dir="gs://bucket/run")
     with pytest.raises(FileNotFoundError, match=r"s3://.*/nothing is not a complete checkpoint"):
         _simple()[0].load_state(f"{s3}/nothing")
-    with pytest.raises(ValueError, match=r"logging_dir, which is a URL"):
-        Accelerator(cpu=True, project_dir=f"{s3}/run", log_with="tensorboard")
+    with pytest.raises(
+        ValueError, match=r"`jsonl` writes local files into logging_dir, which is a URL"
+    ):
+        Accelerator(cpu=True, project_dir=f"{s3}/run", log_with="jsonl")
     assert not list(Path.cwd().glob("s3:*"))
+
+
+@pytest.mark.needs("tensorboard")
+def test_tensorboard_logs_into_a_store_project_dir(s3: str) -> None:
+    """TensorBoard's own file layer writes to store URLs, so a URL logging_dir (the default:
+    project_dir) is accepted for it, as accelerate accepts it."""
+    acc = Accelerator(cpu=True, project_dir=f"{s3}/run", log_with="tensorboard")
+    acc.init_trackers("exp")
+    acc.log({"loss": 1.5}, step=0)
+    acc.end_training()
+    assert any("events.out.tfevents" in f for f in stores.files_under(f"{s3}/run")), (
+        stores.files_under(f"{s3}/run")
+    )
 
 
 def _fsdp_save(url: str) -> dict:
