@@ -120,9 +120,10 @@ def explain(err: BaseException, url: str, action: str) -> BaseException:
             f"AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)."
         )
     if isinstance(err, PermissionError) or "AccessDenied" in text or "Forbidden" in text:
+        kind = "read" if action in ("reaching", "reading", "listing", "downloading") else "write"
         return StoreError(
             f"the store refused {action} {url} (access denied): give these credentials "
-            f"write access to that prefix, or choose a prefix they may write."
+            f"{kind} access to that prefix, or choose a prefix they may {kind}."
         )
     if _unreachable(err):
         return StoreError(
@@ -168,6 +169,10 @@ def check_store(url: str, *, write: bool) -> None:
         store_call(url, "reaching", reach)
     except FileNotFoundError:
         raise _bucket_missing(url) from None
+    except StoreError as err:
+        if not (write and "access denied" in str(err)):
+            raise  # no credentials, no answer: nothing else would work either
+        # may not ask about the bucket (S3 wants ListBucket for that): the write decides
     if write:
         probe = f"{path.rstrip('/')}/.accel-probe-{uuid.uuid4().hex}"
         store_call(url, "writing into", lambda: fs.pipe_file(probe, b""))
