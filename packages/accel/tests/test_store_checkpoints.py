@@ -317,7 +317,20 @@ def test_fsdp2_ranks_upload_their_own_shards_and_a_single_process_resumes(s3: st
     model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     model, opt = acc.prepare(model, opt)
-    acc.load_state(url)
+    import torch.distributed.checkpoint as dcp
+
+    read_from: list[str] = []
+
+    class Recording(dcp.FsspecReader):
+        def __init__(self, path: str, **kwargs) -> None:
+            read_from.append(path)
+            super().__init__(path, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(dcp, "FsspecReader", Recording)
+        acc.load_state(url)
+    # the DCP data files were read from the store (ranged reads), not fetched first
+    assert read_from == [f"{url}/pytorch_model_fsdp_0", f"{url}/optimizer_0"], read_from
     for name, value in out[0]["weights"].items():
         assert torch.equal(model.state_dict()[name], value), name
     assert opt.state_dict()["state"], "the optimizer state came back"

@@ -40,6 +40,7 @@ from accel_parallel import StagingBuffers, deferred_fsync, parallel_writes, stag
 from accel_parallel.checkpoint import (
     SCALER_NAME,
     custom_file,
+    dcp_data_in_store,
     model_name,
     optimizer_name,
     scheduler_file,
@@ -259,7 +260,8 @@ class Checkpointer:
         if isinstance(source, str):  # a store: this process's files fetched to a local folder
             local = fetch_checkpoint(source, self.state.process_index)
             try:
-                self._load_folder(local, stateful_loaders, load_kwargs)
+                with dcp_data_in_store(local, source):
+                    self._load_folder(local, stateful_loaders, load_kwargs)
             except (ValueError, FileNotFoundError, RuntimeError) as err:
                 if os.fspath(local) not in str(err):
                     raise
