@@ -84,3 +84,46 @@ def test_a_scheme_without_its_filesystem_names_what_to_install():
         ImportError, match=r"no filesystem for gs:// URLs is installed .*pip install gcsfs"
     ):
         stores.filesystem("gs://bucket/run")
+
+
+def test_a_read_only_prefix_is_named_before_anything_is_written(tmp_path: Path) -> None:
+    """moto's server enforcing IAM: a user whose policy only reads the bucket."""
+    import json
+    import socket
+    import time
+
+    import boto3
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # the first 4 requests are let through unsigned: the bucket, the user, its policy, its key
+    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "4"}
+    argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    server = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while socket.socket().connect_ex(("127.0.0.1", port)) != 0:  # no request: none counted
+            assert time.monotonic() < deadline and server.poll() is None, "moto did not start"
+            time.sleep(0.1)
+        endpoint = f"http://127.0.0.1:{port}"
+        admin = {"endpoint_url": endpoint, "region_name": "us-east-1",
+                 "aws_access_key_id": "admin", "aws_secret_access_key": "admin"}  # fmt: skip
+        boto3.client("s3", **admin).create_bucket(Bucket="read-only")
+        iam = boto3.client("iam", **admin)
+        iam.create_user(UserName="reader")
+        resources = ["arn:aws:s3:::read-only", "arn:aws:s3:::read-only/*"]
+        policy = {"Version": "2012-10-17", "Statement": [
+            {"Effect": "Allow", "Action": ["s3:GetObject", "s3:ListBucket"], "Resource": resources}
+        ]}  # fmt: skip
+        iam.put_user_policy(UserName="reader", PolicyName="read", PolicyDocument=json.dumps(policy))
+        key = iam.create_access_key(UserName="reader")["AccessKey"]
+        child = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        child.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID=key["AccessKeyId"],
+                     AWS_SECRET_ACCESS_KEY=key["SecretAccessKey"], AWS_DEFAULT_REGION="us-east-1")  # fmt: skip
+        out = _check_in_child(child, "s3://read-only/run")
+        assert out.startswith("StoreError the store refused writing into s3://read-only/run"), out
+        assert "write access" in out and key["SecretAccessKey"] not in out
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

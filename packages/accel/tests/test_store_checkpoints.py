@@ -259,9 +259,24 @@ def test_a_bad_project_dir_fails_at_init_naming_the_url(s3: str) -> None:
         Accelerator(cpu=True, project_dir="gs://bucket/run")
     with pytest.raises(FileNotFoundError, match=r"s3://.*/nothing is not a complete checkpoint"):
         _simple()[0].load_state(f"{s3}/nothing")
-    with pytest.raises(ValueError, match=r"logging_dir, which is a URL"):
-        Accelerator(cpu=True, project_dir=f"{s3}/run", log_with="tensorboard")
+    with pytest.raises(
+        ValueError, match=r"`jsonl` writes local files into logging_dir, which is a URL"
+    ):
+        Accelerator(cpu=True, project_dir=f"{s3}/run", log_with="jsonl")
     assert not list(Path.cwd().glob("s3:*"))
+
+
+@pytest.mark.needs("tensorboard")
+def test_tensorboard_logs_into_a_store_project_dir(s3: str) -> None:
+    """TensorBoard's own file layer writes to store URLs, so a URL logging_dir (the default:
+    project_dir) is accepted for it, as accelerate accepts it."""
+    acc = Accelerator(cpu=True, project_dir=f"{s3}/run", log_with="tensorboard")
+    acc.init_trackers("exp")
+    acc.log({"loss": 1.5}, step=0)
+    acc.end_training()
+    assert any("events.out.tfevents" in f for f in stores.files_under(f"{s3}/run")), (
+        stores.files_under(f"{s3}/run")
+    )
 
 
 def _fsdp_save(url: str) -> dict:
@@ -302,7 +317,59 @@ def test_fsdp2_ranks_upload_their_own_shards_and_a_single_process_resumes(s3: st
     model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     model, opt = acc.prepare(model, opt)
-    acc.load_state(url)
+    import torch.distributed.checkpoint as dcp
+
+    read_from: list[str] = []
+
+    class Recording(dcp.FsspecReader):
+        def __init__(self, path: str, **kwargs) -> None:
+            read_from.append(path)
+            super().__init__(path, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(dcp, "FsspecReader", Recording)
+        acc.load_state(url)
+    # the DCP data files were read from the store (ranged reads), not fetched first
+    assert read_from == [f"{url}/pytorch_model_fsdp_0", f"{url}/optimizer_0"], read_from
     for name, value in out[0]["weights"].items():
         assert torch.equal(model.state_dict()[name], value), name
     assert opt.state_dict()["state"], "the optimizer state came back"
+
+
+def _zero2(url: str, resume: bool) -> dict[str, torch.Tensor]:
+    """ZeRO-2 on 2 processes, 4 steps: saving into the store after step 2 (and going on), or
+    resuming there from the store; returns the final full weights."""
+    sys.modules["transformers"] = None  # type: ignore[assignment]  # DeepSpeed's optional imports
+    sys.modules["mlflow"] = None  # type: ignore[assignment]
+    from accel.utils import DeepSpeedPlugin
+
+    acc = Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=2))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model, opt, loader = acc.prepare(model, opt, DataLoader(IdData(), batch_size=4))
+    if resume:
+        acc.load_state(url)
+    for step, batch in enumerate(loader, start=2 if resume else 0):
+        acc.backward(nn.functional.mse_loss(model(batch["x"]), batch["y"]))
+        opt.step()
+        opt.zero_grad()
+        if step == 1 and not resume:
+            acc.save_state(url)
+        if step == 3:
+            break
+    weights = {k: v.detach().float().clone() for k, v in acc.get_state_dict(model).items()}
+    acc.wait_for_everyone()
+    return weights
+
+
+@pytest.mark.needs("deepspeed")
+def test_deepspeed_zero2_saves_its_own_files_to_the_store_and_resumes_equal(s3: str) -> None:
+    url = f"{s3}/zero2/step2"
+    full = run_distributed(_zero2, url, False, world_size=2, timeout=300)
+    files = stores.files_under(url)
+    assert "accel_checkpoint.json" in files and ".accel_incomplete" not in files
+    assert any(f.startswith("pytorch_model/") and "optim_states" in f for f in files), files
+    resumed = run_distributed(_zero2, url, True, world_size=2, timeout=300)
+    for name, value in full[0].items():
+        assert torch.equal(resumed[0][name], value), name

@@ -12,10 +12,13 @@ built here contains a secret.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
+import tempfile
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -117,9 +120,10 @@ def explain(err: BaseException, url: str, action: str) -> BaseException:
             f"AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)."
         )
     if isinstance(err, PermissionError) or "AccessDenied" in text or "Forbidden" in text:
+        kind = "read" if action in ("reaching", "reading", "listing", "downloading") else "write"
         return StoreError(
             f"the store refused {action} {url} (access denied): give these credentials "
-            f"write access to that prefix, or choose a prefix they may write."
+            f"{kind} access to that prefix, or choose a prefix they may {kind}."
         )
     if _unreachable(err):
         return StoreError(
@@ -165,6 +169,10 @@ def check_store(url: str, *, write: bool) -> None:
         store_call(url, "reaching", reach)
     except FileNotFoundError:
         raise _bucket_missing(url) from None
+    except StoreError as err:
+        if not (write and "access denied" in str(err)):
+            raise  # no credentials, no answer: nothing else would work either
+        # may not ask about the bucket (S3 wants ListBucket for that): the write decides
     if write:
         probe = f"{path.rstrip('/')}/.accel-probe-{uuid.uuid4().hex}"
         store_call(url, "writing into", lambda: fs.pipe_file(probe, b""))
@@ -266,3 +274,34 @@ def download(url: str, local: Path, keep: Callable[[str], bool] | None = None) -
 
 def _local_files(local: Path) -> list[str]:
     return sorted(os.fspath(p.relative_to(local)) for p in local.rglob("*") if p.is_file())
+
+
+@contextlib.contextmanager
+def fetched(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A local folder holding what `path` holds: `path` itself when it is local, else a
+    temporary copy of the store prefix, removed afterwards."""
+    if not is_url(path):
+        yield local_path(path)
+        return
+    local = Path(tempfile.mkdtemp(prefix="accel-download-"))
+    try:
+        if not download(str(path), local):
+            raise FileNotFoundError(f"{path} holds nothing: pass a URL under which files are.")
+        yield local
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def published(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A local folder to write into for `path`: `path` itself when it is local, else a
+    temporary folder uploaded to the store prefix when the block succeeds, then removed."""
+    if not is_url(path):
+        yield local_path(path)
+        return
+    local = Path(tempfile.mkdtemp(prefix="accel-upload-"))
+    try:
+        yield local
+        upload(local, str(path).rstrip("/"))
+    finally:
+        shutil.rmtree(local, ignore_errors=True)

@@ -150,11 +150,13 @@ def _check_usable(name: str, logging_dir: Any) -> None:
             f"Logging with `{name}` requires a `logging_dir`: the tracker writes files, and no "
             f"directory was given. Pass logging_dir (the Accelerator's project_dir)."
         )
-    if cls.requires_logging_directory and "://" in str(logging_dir).replace("file://", ""):
+    url = "://" in str(logging_dir).replace("file://", "")
+    if cls.requires_logging_directory and url and not getattr(cls, "writes_to_urls", False):
         raise ValueError(
-            f"Logging with `{name}` writes files into logging_dir, which is a URL "
+            f"Logging with `{name}` writes local files into logging_dir, which is a URL "
             f"({logging_dir!r}; it defaults to project_dir): pass a local folder, "
-            f"ProjectConfiguration(project_dir=..., logging_dir='runs')."
+            f"ProjectConfiguration(project_dir=..., logging_dir='runs'), or log with "
+            f"tensorboard, which writes to store URLs."
         )
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from accel_tracking._base import GeneralTracker, import_optional, module_installed
@@ -34,6 +33,7 @@ class TensorBoardTracker(GeneralTracker):
 
     name = "tensorboard"
     requires_logging_directory = True
+    writes_to_urls = True  # TensorBoard's own file layer writes s3:// (boto3), gs://, ...
     extra = "tensorboard"
     libraries = ("tensorboard",)
 
@@ -48,7 +48,8 @@ class TensorBoardTracker(GeneralTracker):
             raise ValueError("TensorBoardTracker needs a logging_dir; got None.")
         self._writer_cls, self._summary = _writer_modules()
         self.run_name = run_name
-        self.logging_dir = Path(logging_dir) / run_name
+        # os.path.join keeps a URL's "//" (s3://...), which a Path would collapse into "s3:/"
+        self.logging_dir = os.path.join(os.fspath(logging_dir), run_name)
         self.init_kwargs = kwargs
         self._writer: Any = None
         self._warned: set[str] = set()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 
 from accel_cli._commands._common import say
 
@@ -17,7 +18,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         description="CHECKPOINT_DIR is a model's sharded folder written by save_state under "
         "FSDP2 (CKPT/pytorch_model_fsdp_0), or the checkpoint folder holding exactly one; "
         "OUTPUT is the folder to write model.safetensors (pytorch_model.bin with "
-        "--unsafe_serialization) into. Runs in one process, without a process group.",
+        "--unsafe_serialization) into. Either may be an object-store URL (s3://..., with "
+        "accel[s3]). Runs in one process, without a process group.",
     )
     p.add_argument("checkpoint_directory", metavar="CHECKPOINT_DIR")
     p.add_argument("output_path", metavar="OUTPUT")
@@ -39,11 +41,29 @@ def run(args: argparse.Namespace) -> int:
             f"accel merge-weights needs accel-parallel ({err}): pip install accel-parallel"
         ) from err
 
-    out = merge_fsdp_weights(
-        args.checkpoint_directory,
-        args.output_path,
-        safe_serialization=not args.unsafe_serialization,
-        remove_checkpoint_dir=args.remove_checkpoint_dir,
-    )
-    say(f"wrote the merged weights to {out}")
+    source, output = args.checkpoint_directory, args.output_path
+    if "://" not in source + output:
+        out = merge_fsdp_weights(
+            source, output, safe_serialization=not args.unsafe_serialization,
+            remove_checkpoint_dir=args.remove_checkpoint_dir,
+        )  # fmt: skip
+        say(f"wrote the merged weights to {out}")
+        return 0
+    try:  # a store URL on either side: fetched, merged locally, published
+        from accel_bigmodel import stores
+    except ImportError as err:
+        raise SystemExit(
+            f"accel merge-weights with a URL needs accel-bigmodel[s3] ({err}): "
+            f"pip install 'accel-bigmodel[s3]'"
+        ) from err
+    with stores.fetched(source) as local_source, stores.published(output) as local_output:
+        merge_fsdp_weights(
+            local_source, local_output, safe_serialization=not args.unsafe_serialization
+        )
+    if args.remove_checkpoint_dir:
+        if stores.is_url(source):
+            stores.remove(source)
+        else:
+            shutil.rmtree(source)
+    say(f"wrote the merged weights to {output}")
     return 0

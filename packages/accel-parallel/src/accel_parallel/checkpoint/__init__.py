@@ -3,6 +3,7 @@ names and accel's extras) and the merge of a sharded FSDP2 model save. The forma
 and write these files are the strategies' (full files, DCP folders, DeepSpeed's tag folders).
 """
 
+from accel_parallel.checkpoint._dcp import dcp_data_in_store
 from accel_parallel.checkpoint._layout import (
     CHECKPOINT_RE,
     CHECKPOINTS_FOLDER,
@@ -81,6 +82,7 @@ __all__ = [
     "checkpoints_root",
     "complete_checkpoints",
     "custom_file",
+    "dcp_data_in_store",
     "engine_tag",
     "fsdp_model_file",
     "fsdp_model_folder",

@@ -10,6 +10,9 @@ one process with the whole model.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,10 +71,33 @@ class DCPWriter:
         add_job(future.result)
 
 
+# (local folder, URL): the local folder is a copy of the store prefix without its DCP data
+# files, which `load` reads from the store instead, each process only the ranges it needs
+_IN_STORE: contextvars.ContextVar[tuple[Path, str] | None] = contextvars.ContextVar(
+    "accel_dcp_in_store", default=None
+)
+
+
+@contextlib.contextmanager
+def dcp_data_in_store(local: Path, url: str) -> Iterator[None]:
+    """Inside, a DCP folder under `local` is read from the same place under `url` (fsspec:
+    torch's FsspecReader, ranged reads), its ``.metadata`` from the local copy's store."""
+    token = _IN_STORE.set((local, url.rstrip("/")))
+    try:
+        yield
+    finally:
+        _IN_STORE.reset(token)
+
+
 def load(state: dict[str, Any], folder: Path) -> None:
     """Fill `state` (laid out as this process holds it) from the DCP folder, in place."""
     import torch.distributed.checkpoint as dcp
 
+    in_store = _IN_STORE.get()
+    if in_store is not None and folder.is_relative_to(in_store[0]):
+        url = f"{in_store[1]}/{folder.relative_to(in_store[0]).as_posix()}"
+        dcp.load(state, storage_reader=dcp.FsspecReader(url))
+        return
     dcp.load(state, checkpoint_id=folder)
 
 

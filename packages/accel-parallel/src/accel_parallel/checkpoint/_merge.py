@@ -42,6 +42,12 @@ def merge_fsdp_weights(
     """
     import torch.distributed as dist
 
+    for path in (checkpoint_dir, output_path):
+        if "://" in os.fspath(path) and not os.fspath(path).startswith("file://"):
+            raise ValueError(
+                f"merge_fsdp_weights takes local folders, and {os.fspath(path)!r} is a URL: "
+                f"run `accel merge-weights CHECKPOINT_DIR OUTPUT`, which takes store URLs."
+            )
     source = _sharded_model_folder(Path(checkpoint_dir))
     out = Path(output_path)
     target = out / ("model.safetensors" if safe_serialization else "pytorch_model.bin")

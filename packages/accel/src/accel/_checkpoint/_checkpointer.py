@@ -18,7 +18,6 @@ from __future__ import annotations
 import collections
 import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from accel_parallel import StagingBuffers, deferred_fsync, parallel_writes, stag
 from accel_parallel.checkpoint import (
     SCALER_NAME,
     custom_file,
+    dcp_data_in_store,
     model_name,
     optimizer_name,
     scheduler_file,
@@ -260,7 +260,8 @@ class Checkpointer:
         if isinstance(source, str):  # a store: this process's files fetched to a local folder
             local = fetch_checkpoint(source, self.state.process_index)
             try:
-                self._load_folder(local, stateful_loaders, load_kwargs)
+                with dcp_data_in_store(local, source):
+                    self._load_folder(local, stateful_loaders, load_kwargs)
             except (ValueError, FileNotFoundError, RuntimeError) as err:
                 if os.fspath(local) not in str(err):
                     raise
@@ -332,19 +333,11 @@ class Checkpointer:
             state = get_state_dict_offloaded_model(unwrapped)  # its weights live on cpu / disk
         else:
             state = self.strategy.model_state_dict(model)
-        if self.writer and _naming.is_url(save_directory):  # written locally, then uploaded
-            from accel_bigmodel import stores
+        if self.writer:  # a store URL: written locally, then uploaded
+            from accel_bigmodel.stores import published
 
-            local = Path(tempfile.mkdtemp(prefix="accel-upload-"))
-            try:
-                save_sharded_weights(state, local, max_shard_size, safe_serialization)
-                stores.upload(local, str(save_directory).rstrip("/"))
-            finally:
-                shutil.rmtree(local, ignore_errors=True)
-        elif self.writer:
-            save_sharded_weights(
-                state, _naming.as_location(save_directory), max_shard_size, safe_serialization
-            )
+            with published(save_directory) as folder:
+                save_sharded_weights(state, folder, max_shard_size, safe_serialization)
         self.state.wait_for_everyone()
 
 

@@ -154,7 +154,8 @@ def destination(target: Path | str, automatic: bool) -> LocalDestination | Store
 def fetch_checkpoint(url: str, rank: int) -> Path:
     """A complete checkpoint in a store, copied into a new local folder for process `rank`:
     every file but the other processes' RNG and process files (with accel's marker; a
-    checkpoint accelerate wrote comes whole). The caller removes the folder."""
+    checkpoint accelerate wrote has them all) and the data files of DCP folders (read from the
+    store when loaded, under `dcp_data_in_store`). The caller removes the folder."""
     from accel_bigmodel import stores
 
     state = store_state(url)
@@ -173,6 +174,11 @@ def fetch_checkpoint(url: str, rank: int) -> Path:
         saved = int(meta.get("num_processes") or 1)
         mine = min(rank, saved - 1)
         skip = {f(r) for r in range(saved) if r != mine for f in (rng_file, process_file)}
+    files = stores.files_under(url)
+    # DCP folders: their .metadata is fetched, their data files are read from the store by
+    # each process, only the ranges it needs (accel_parallel.checkpoint.dcp_data_in_store)
+    dcp = {f.rsplit("/", 1)[0] for f in files if f.endswith("/.metadata")}
+    skip |= {f for f in files if f.endswith(".distcp") and f.rsplit("/", 1)[0] in dcp}
     local = Path(tempfile.mkdtemp(prefix="accel-download-"))
     try:
         stores.download(url, local, keep=lambda name: name not in skip)
