@@ -186,6 +186,17 @@ def exists(url: str) -> bool:
     return store_call(url, "reading", lambda: fs.exists(path))
 
 
+def kind(url: str) -> str | None:
+    """ "file" when `url` names an object, "folder" when objects sit under it (a prefix), None
+    when neither."""
+    fs, path = filesystem(url)
+    try:
+        info = store_call(url, "reading", lambda: fs.info(path))
+    except FileNotFoundError:
+        return None
+    return "folder" if info.get("type") == "directory" else "file"
+
+
 def read_bytes(url: str, start: int | None = None, end: int | None = None) -> bytes:
     """The bytes of `url` (from `start` to `end` when given: a ranged read)."""
     fs, path = filesystem(url)
