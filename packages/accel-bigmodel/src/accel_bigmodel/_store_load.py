@@ -5,11 +5,14 @@ object, an index json, or a folder (prefix) holding either. `load_from_store` fe
 tensors to the same `Placer` as the local readers, with no copy on local disk:
 
 - a safetensors shard's header is read with one ranged read (two for a header over 64 KiB);
-- the bytes of the tensors to load are read with ranged reads, run at once by a few threads:
-  neighbouring tensors share one read (`_GAP`), a large tensor is split over several, and no
-  read is longer than `part` bytes;
-- tensors are allocated only a bounded number of bytes ahead of the placer (the reader's
-  `buffer_size`), so memory beyond the model stays near that budget however large a shard is;
+- the bytes of the tensors to load are read with ranged reads, run at once by the reader's
+  threads: neighbouring tensors share one read (`_GAP`), a large tensor is split over several,
+  and reads are about the bytes to load over the threads (8 MiB to 256 MiB); each read's
+  response is streamed straight into the tensors (`_store.read_into`), so a read holds no
+  buffer of its own;
+- a tensor that does not become the model's own as read (a dtype change, a GPU, disk) is
+  allocated only while such tensors not yet placed stay within the reader's `buffer_size`,
+  so memory beyond the model stays near that budget however large a shard is;
 - a ``.bin`` / ``.pt`` file is read whole into memory and opened with
   ``torch.load(weights_only=True)``.
 
@@ -29,6 +32,7 @@ from typing import NamedTuple
 import torch
 
 from accel_bigmodel import _store
+from accel_bigmodel._device_kinds import is_host
 from accel_bigmodel._header import (
     DTYPES,
     TensorInfo,
@@ -40,13 +44,13 @@ from accel_bigmodel._placer import Placer, Plan
 from accel_bigmodel._pread import _buffer
 from accel_bigmodel._progress import Progress
 from accel_bigmodel._reader import CheckpointReader
-from accel_bigmodel._sources import corrupt
+from accel_bigmodel._sources import _read_device, corrupt
 
 INDEX_NAMES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 SINGLE_NAMES = ("model.safetensors", "pytorch_model.bin")
 _EXTENSIONS = (".safetensors", ".bin", ".pt", ".pth")
 _GAP = 256 * 2**10  # tensors this close share one read (the gap is read and dropped)
-_MIN_PART, _MAX_PART = 8 * 2**20, 64 * 2**20
+_MIN_PART, _MAX_PART = 8 * 2**20, 256 * 2**20
 
 
 def store_checkpoint_files(url: str) -> list[str]:
@@ -143,9 +147,11 @@ def load_from_store(
     for info, _ in work:
         remaining[info.path] = remaining.get(info.path, 0) + 1
     budget = reader.resolved_buffer_size
-    part = min(_MAX_PART, max(_MIN_PART, budget // (2 * threads)))
     infos = [info for info, _ in work]
-    for (info, plan), raw in zip(work, stream_ranges(infos, threads, budget, part), strict=True):
+    costs = [0 if _kept(placer, info, plan) else info.nbytes for info, plan in work]
+    part = min(_MAX_PART, max(_MIN_PART, -(-sum(i.nbytes for i in infos) // threads)))
+    stream = stream_ranges(infos, threads, budget, part, costs)
+    for (info, plan), raw in zip(work, stream, strict=True):
         tensor = raw.view(info.dtype).reshape(info.shape)
         final = placer.final_dtype(plan, info.dtype)
         placer.put(info.name, plan, tensor if final == info.dtype else tensor.to(final))
@@ -156,6 +162,13 @@ def load_from_store(
         if not url.endswith(".safetensors"):
             _load_torch_file(placer, url)
             progress.update()
+
+
+def _kept(placer: Placer, info: TensorInfo, plan: Plan) -> bool:
+    """Whether the tensor read for `info` becomes the model's own (host memory, same dtype):
+    then it is no memory beyond the model's."""
+    same = placer.final_dtype(plan, info.dtype) == info.dtype
+    return same and plan.target is not None and is_host(_read_device(plan.device))
 
 
 def _header(url: str) -> list[TensorInfo]:
@@ -205,15 +218,21 @@ def plan_reads(infos: Sequence[TensorInfo], part: int) -> list[_Read]:
 
 
 def stream_ranges(
-    infos: Sequence[TensorInfo], threads: int, budget: int, part: int
+    infos: Sequence[TensorInfo],
+    threads: int,
+    budget: int,
+    part: int,
+    costs: Sequence[int] | None = None,
 ) -> Iterator[torch.Tensor]:
     """The bytes of each of `infos` as a new uint8 tensor, in order, each yielded once complete.
 
-    Up to `threads` ranged reads (`plan_reads`) run at once; tensors are allocated when their
-    first read is queued, and only while those not yet yielded stay within `budget` minus the
-    reads' own buffers (the tensor next in line is always read whole, so a tensor over that,
-    or a read that starts a new one, may go past it by that tensor).
+    Up to `threads` ranged reads (`plan_reads`, streamed into the tensors by
+    `_store.read_into`) run at once. A tensor is allocated when its first read is queued, and
+    reads are queued only while the `costs` (default: the sizes) of the tensors not yet
+    yielded stay within `budget`; the tensor next in line is always read whole, so one over the
+    budget, or a read that starts a new one, may go past it by that tensor.
     """
+    costs = [info.nbytes for info in infos] if costs is None else costs
     reads = plan_reads(infos, part)
     first_read: dict[int, int] = {}
     last_read: dict[int, int] = {}
@@ -221,7 +240,6 @@ def stream_ranges(
         for i, *_ in read.pieces:
             first_read.setdefault(i, r)
             last_read[i] = r
-    limit = max(part, budget - threads * part)
     outs: dict[int, torch.Tensor] = {}
     waits: dict[int, list[Future]] = {}
     pending: deque[int] = deque()
@@ -232,30 +250,31 @@ def stream_ranges(
             while r < len(reads):
                 read = reads[r]
                 new = [i for i, *_ in read.pieces if first_read[i] == r]
-                cost = sum(infos[i].nbytes for i in new)
-                if pending and ahead + cost > limit and last_read[pending[0]] < r:
+                cost = sum(costs[i] for i in new)
+                if pending and ahead + cost > budget and last_read[pending[0]] < r:
                     break  # (the next tensor's reads are all queued)
                 for i in new:
                     outs[i] = torch.empty(infos[i].nbytes, dtype=torch.uint8)
                     waits[i] = []
                     pending.append(i)
                 ahead += cost
-                future = pool.submit(_fetch, read, infos, {i: outs[i] for i, *_ in read.pieces})
+                views = [
+                    (start, _buffer(outs[i])[begin : begin + n])
+                    for i, begin, start, n in read.pieces
+                ]
+                future = pool.submit(_fetch, read, views, infos[read.pieces[0][0]])
                 for i in {i for i, *_ in read.pieces}:
                     waits[i].append(future)
                 r += 1
-            while index < len(infos) and index not in outs:  # a tensor of no bytes
-                if infos[index].nbytes:
-                    break
+            if index not in outs and not infos[index].nbytes:  # a tensor of no bytes
                 yield torch.empty(0, dtype=torch.uint8)
                 index += 1
-            if index == len(infos) or not pending:
                 continue
             i = pending.popleft()
             assert i == index
             for future in waits.pop(i):
                 future.result()
-            ahead -= infos[i].nbytes
+            ahead -= costs[i]
             index += 1
             yield outs.pop(i)
     finally:
@@ -265,17 +284,13 @@ def stream_ranges(
         pool.shutdown(wait=True)
 
 
-def _fetch(read: _Read, infos: Sequence[TensorInfo], outs: Mapping[int, torch.Tensor]) -> None:
-    data = _store.read_bytes(read.url, read.start, read.end)
-    if len(data) != read.end - read.start:
-        first = infos[read.pieces[0][0]]
+def _fetch(read: _Read, views: list[tuple[int, memoryview]], first: TensorInfo) -> None:
+    try:
+        _store.read_into(read.url, read.start, read.end, views)
+    except EOFError as e:
         raise corrupt_at(
-            read.url, read.start + len(data),
-            f"the object ended while reading {first.name!r} (bytes {read.start}..{read.end})",
-        )  # fmt: skip
-    view = memoryview(data)
-    for i, begin, start, n in read.pieces:
-        _buffer(outs[i])[begin : begin + n] = view[start - read.start : start - read.start + n]
+            read.url, read.start, f"the object ended while reading {first.name!r} ({e})"
+        ) from None
 
 
 def _load_torch_file(placer: Placer, url: str) -> None:
