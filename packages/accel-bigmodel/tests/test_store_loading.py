@@ -247,6 +247,32 @@ def test_stream_ranges_gives_each_tensors_bytes_in_order(s3: str):
     assert [bytes(t.numpy()) for t in got] == [data[a:b] for a, b in cuts]
 
 
+def test_stream_ranges_reads_no_further_ahead_than_its_budget(
+    s3: str, monkeypatch: pytest.MonkeyPatch
+):
+    """Tensors that count against the budget (1 MiB each, a 2 MiB budget): when tensor k is
+    handed over, no read past tensor k + 2 has started. (Tensors that cost nothing, the
+    model's own, are not held back; here only their bytes are checked.)"""
+    mib = 2**20
+    url = stores.join(s3, "blob")
+    stores.write_bytes(url, os.urandom(8 * mib))
+    infos = [_info(f"t{i}", i * mib, mib, url) for i in range(8)]
+    started: list[int] = []
+    read_into = store_module.read_into
+
+    def recording(url: str, start: int, end: int, pieces: list) -> None:
+        started.append(start)
+        read_into(url, start, end, pieces)
+
+    monkeypatch.setattr(store_module, "read_into", recording)
+    monkeypatch.setattr(store_load, "_GAP", -1)  # one read per tensor
+    for k, _ in enumerate(stream_ranges(infos, threads=2, budget=2 * mib, part=mib)):
+        assert max(started) <= (k + 2) * mib, (k, started)
+    free = stream_ranges(infos, threads=2, budget=2 * mib, part=mib, costs=[0] * 8)
+    data = stores.read_bytes(url)
+    assert [bytes(t.numpy()) for t in free] == [data[i * mib : (i + 1) * mib] for i in range(8)]
+
+
 def test_errors_name_the_url_and_urls_never_become_local_folders(
     s3: str, uploaded: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
