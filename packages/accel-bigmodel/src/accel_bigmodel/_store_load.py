@@ -7,7 +7,8 @@ tensors to the same `Placer` as the local readers, with no copy on local disk:
 - a safetensors shard's header is read with one ranged read (two for a header over 64 KiB);
 - the bytes of the tensors to load are read with ranged reads, run at once by the reader's
   threads: neighbouring tensors share one read (`_GAP`), a large tensor is split over several,
-  and reads are about the bytes to load over the threads (8 MiB to 256 MiB); each read's
+  and reads are about the bytes to load over the threads (8 MiB to 256 MiB, a file's reads
+  of even size); each read's
   response is streamed straight into the tensors (`_store.read_into`), so a read holds no
   buffer of its own;
 - a tensor that does not become the model's own as read (a dtype change, a GPU, disk) is
@@ -195,9 +196,17 @@ class _Read(NamedTuple):
 
 
 def plan_reads(infos: Sequence[TensorInfo], part: int) -> list[_Read]:
-    """The ranged reads that bring in `infos` (in order; each file's tensors by offset): a
-    tensor over `part` bytes is split, and neighbours within `_GAP` share a read of at most
-    `part` bytes."""
+    """The ranged reads that bring in `infos` (in order; each file's tensors by offset).
+
+    A tensor over `part` bytes is split into reads of `part` bytes; neighbours within `_GAP`
+    share a read of at most `part` bytes, which takes tensors until it holds the file's share
+    (its bytes over the fewest reads of `part` bytes), so a file's reads come out even rather
+    than full ones and a small last one.
+    """
+    totals: dict[str, int] = {}
+    for info in infos:
+        totals[info.path] = totals.get(info.path, 0) + info.nbytes
+    share = {path: -(-total // -(-total // part)) for path, total in totals.items() if total}
     reads: list[_Read] = []
     for i, info in enumerate(infos):
         for begin in range(0, info.nbytes, part):
@@ -209,6 +218,7 @@ def plan_reads(infos: Sequence[TensorInfo], part: int) -> list[_Read]:
                 and last.url == info.path
                 and 0 <= start - last.end <= _GAP
                 and start + n - last.start <= part
+                and sum(p[3] for p in last.pieces) < share[info.path]
             ):
                 last.pieces.append((i, begin, start, n))
                 reads[-1] = last._replace(end=start + n)
