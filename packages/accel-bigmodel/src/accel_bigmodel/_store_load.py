@@ -8,9 +8,8 @@ tensors to the same `Placer` as the local readers, with no copy on local disk:
 - the bytes of the tensors to load are read with ranged reads, run at once by the reader's
   threads: neighbouring tensors share one read (`_GAP`), a large tensor is split over several,
   and reads are about the bytes to load over the threads (8 MiB to 256 MiB, a file's reads
-  of even size); each read's
-  response is streamed straight into the tensors (`_store.read_into`), so a read holds no
-  buffer of its own;
+  of even size); each read's response is streamed straight into the tensors
+  (`_store.read_into`), so a read holds no buffer of its own;
 - a tensor that does not become the model's own as read (a dtype change, a GPU, disk) is
   allocated only while such tensors not yet placed stay within the reader's `buffer_size`,
   so memory beyond the model stays near that budget however large a shard is;
