@@ -312,3 +312,13 @@ def test_an_endpoint_that_does_not_answer_is_named(uploaded: str, monkeypatch: p
             load_checkpoint_in_model(_empty(), stores.join(uploaded, "single"))
     finally:
         s3fs.S3FileSystem.clear_instance_cache()
+
+
+@pytest.mark.needs("bitsandbytes")
+def test_a_quantized_load_from_a_url_equals_the_local_one(uploaded: str, saved: Path):
+    from accel_bigmodel.quantization import BnbQuantizationConfig, load_and_quantize_model
+
+    config = BnbQuantizationConfig(load_in_8bit=True, torch_dtype=torch.float32)
+    from_store = load_and_quantize_model(_empty(), config, stores.join(uploaded, "sharded"))
+    from_disk = load_and_quantize_model(_empty(), config, saved / "sharded")
+    _assert_same(from_store, from_disk)
