@@ -6,7 +6,8 @@ folder with ``model.safetensors.index.json`` / ``pytorch_model.bin.index.json`` 
 (`_sources`) feeds each tensor to a `Placer`, which puts it where the device map says;
 tensors mapped to "disk" are not read at all when they sit in a safetensors shard in the right
 dtype: the offload index points at them in place, and background threads read them into the
-page cache ahead of the forward (`_read_ahead.warm_page_cache`).
+page cache ahead of the forward (`_read_ahead.warm_page_cache`). A checkpoint in an object
+store (an fsspec URL: ``s3://bucket/model``) is read with ranged reads (`_store_load`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from accel_bigmodel._sources import (
     load_one_by_one,
     load_runai,
 )
+from accel_bigmodel._store import is_url, local_path
+from accel_bigmodel._store_load import check_store_reader, load_from_store, store_checkpoint_files
 
 INDEX_NAMES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 SINGLE_NAMES = ("model.safetensors", "pytorch_model.bin")
@@ -74,7 +77,12 @@ def _shards_from_index(index_path: str) -> list[str]:
 
 
 def checkpoint_files(checkpoint: str | os.PathLike) -> list[str]:
-    """The files making up `checkpoint` (a file, an index json, or a folder), in load order."""
+    """The files making up `checkpoint` (a file, an index json, or a folder), in load order.
+
+    `checkpoint` may be an object-store URL (``s3://bucket/model``): the same rules, and the
+    objects' URLs (`_store_load.store_checkpoint_files`)."""
+    if is_url(checkpoint):
+        return store_checkpoint_files(checkpoint)
     path = os.fspath(checkpoint)
     if os.path.isfile(path):
         return _shards_from_index(path) if path.endswith(".json") else [path]
@@ -139,6 +147,10 @@ def load_checkpoint_in_model(
 ) -> LoadResult:
     """Load `checkpoint` into `model`, placing each tensor as `device_map` says.
 
+    `checkpoint` is a file, an index json or a folder, locally or in an object store (an
+    fsspec URL such as ``s3://bucket/model``, read with concurrent ranged reads, nothing
+    written to local disk but the offload folder; needs the `s3` extra).
+
     Works on models built under `init_empty_weights`. Tensors mapped to "disk" go to
     `offload_folder` (indexed in its ``index.json``); buffers stay in memory with their stored
     values unless `offload_buffers`. Floating tensors are cast to `dtype` (or to the model's
@@ -152,6 +164,10 @@ def load_checkpoint_in_model(
     """
     del offload_state_dict
     reader = as_reader(reader)
+    if is_url(checkpoint):
+        check_store_reader(reader, checkpoint)
+    if is_url(offload_folder):
+        local_path(offload_folder)  # refuses: an offload folder is local
     dtype = _as_dtype(dtype)
     files = checkpoint_files(checkpoint)
     if device_map is not None:
@@ -180,6 +196,14 @@ def load_with_placer(
     """Feed every tensor of `files` to `placer` with `reader`; what `load_checkpoint_in_model`
     does once the arguments are checked (a quantized load passes its own Placer)."""
     model, offload_folder = placer.model, placer.offload_folder
+    if is_url(checkpoint):
+        check_store_reader(reader, checkpoint)
+        progress = Progress(len(files), "Loading checkpoint shards", show_progress)
+        load_from_store(placer, files, reader, progress)
+        _retie_loaded(model, placer.tied)
+        if placer.index:
+            save_offload_index(placer.index, offload_folder)
+        return _finish(model, checkpoint, placer.missing(), placer.unexpected, strict)
     safetensors = [f for f in files if f.endswith(".safetensors")]
     others = [f for f in files if not f.endswith(".safetensors")]
     _check_reader_serves(reader, others)

@@ -14,11 +14,15 @@ import json
 import os
 import struct
 import sys
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 
+from accel_bigmodel import _store
+
 _MAX_HEADER = 100 * 2**20  # safetensors' own limit
+_FIRST_READ = 64 * 2**10  # a store object's first ranged read (the length and most headers)
 
 # Bits per element of every dtype safetensors writes, to check each entry's byte span.
 _BITS = {
@@ -94,20 +98,42 @@ def read_safetensors_header(path: str | os.PathLike) -> list[StoredTensor]:
     Dtypes are kept as safetensors spells them ("F32", "BF16", "F8_E4M3", ...).
     """
     path = os.fspath(path)
+    if _store.is_url(path):  # an object in a store: ranged reads, no tensor byte
+        return parse_safetensors_header(path, *_store_header_parts(path))
     size = os.path.getsize(path)
     with open(path, "rb") as f:
-        raw = f.read(8)
-        if len(raw) < 8:
-            raise corrupt_at(
-                path, len(raw), f"the file has {size} bytes, fewer than the 8 of a header"
-            )
-        (length,) = struct.unpack("<Q", raw)
-        if length > min(_MAX_HEADER, size - 8):
-            raise corrupt_at(path, 0, f"the header length {length} does not fit in {size} bytes")
-        try:
-            header = json.loads(f.read(length))
-        except (ValueError, UnicodeDecodeError) as e:
-            raise corrupt_at(path, 8, f"the JSON header does not parse ({e})") from None
+        return parse_safetensors_header(path, size, f.read(8), f.read)
+
+
+def _store_header_parts(url: str) -> tuple[int, bytes, Callable[[int], bytes]]:
+    """(size, first bytes, read) of the safetensors object `url` for `parse_safetensors_header`:
+    one ranged read of its first bytes, which hold the header of most files; a longer header
+    is read with a second ranged read."""
+    size = _store.size(url)
+    raw = _store.read_bytes(url, 0, min(size, _FIRST_READ))
+
+    def read(length: int) -> bytes:
+        if 8 + length <= len(raw):
+            return raw[8 : 8 + length]
+        return raw[8:] + _store.read_bytes(url, len(raw), 8 + length)
+
+    return size, raw, read
+
+
+def parse_safetensors_header(
+    path: str, size: int, raw: bytes, read: Callable[[int], bytes]
+) -> list[StoredTensor]:
+    """`read_safetensors_header` of a file of `size` bytes whose first bytes are `raw` (at least
+    8 unless the file is shorter), `read(n)` giving the n bytes after the first 8."""
+    if len(raw) < 8:
+        raise corrupt_at(path, len(raw), f"the file has {size} bytes, fewer than the 8 of a header")
+    (length,) = struct.unpack("<Q", raw[:8])
+    if length > min(_MAX_HEADER, size - 8):
+        raise corrupt_at(path, 0, f"the header length {length} does not fit in {size} bytes")
+    try:
+        header = json.loads(read(length))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise corrupt_at(path, 8, f"the JSON header does not parse ({e})") from None
     if not isinstance(header, dict):
         raise corrupt_at(path, 8, "the JSON header is not an object")
     header.pop("__metadata__", None)

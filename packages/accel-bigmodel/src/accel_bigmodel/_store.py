@@ -18,7 +18,7 @@ import re
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -37,6 +37,7 @@ _FIX = {
     "s3": "check AWS_ENDPOINT_URL (the server's address) and that the server runs",
 }
 T = TypeVar("T")
+_WINDOW = 16 * 2**20  # the most bytes `read_into` holds at once where it cannot stream
 
 
 class StoreError(OSError):
@@ -104,6 +105,8 @@ def store_call(url: str, action: str, call: Callable[[], T]) -> T:
     except FileNotFoundError as err:
         if "bucket" in str(err).lower():
             raise _bucket_missing(url) from err
+        raise
+    except EOFError:  # an object shorter than asked
         raise
     except Exception as err:
         raise explain(err, url, action) from err
@@ -196,10 +199,72 @@ def exists(url: str) -> bool:
     return store_call(url, "reading", lambda: fs.exists(path))
 
 
+def kind(url: str) -> str | None:
+    """ "file" when `url` names an object, "folder" when objects sit under it (a prefix), None
+    when neither."""
+    fs, path = filesystem(url)
+    try:
+        info = store_call(url, "reading", lambda: fs.info(path))
+    except FileNotFoundError:
+        return None
+    return "folder" if info.get("type") == "directory" else "file"
+
+
 def read_bytes(url: str, start: int | None = None, end: int | None = None) -> bytes:
     """The bytes of `url` (from `start` to `end` when given: a ranged read)."""
     fs, path = filesystem(url)
     return store_call(url, "reading", lambda: fs.cat_file(path, start=start, end=end))
+
+
+def read_into(url: str, start: int, end: int, pieces: Sequence[tuple[int, memoryview]]) -> None:
+    """Fill each (offset, view) of `pieces` with the bytes of `url` from that offset on: one
+    ranged read of [start, end), which holds the pieces in ascending order (bytes between them
+    are read and dropped). With s3fs the response is streamed straight into the views (nothing
+    else is held); other stores read windows of at most `_WINDOW` bytes. Raises EOFError when
+    the object ends before `end`."""
+    fs, path = filesystem(url)
+    if getattr(fs, "async_impl", False) and hasattr(fs, "_call_s3"):
+        from fsspec.asyn import sync
+
+        task = lambda: sync(fs.loop, _stream_s3, fs, path, start, end, pieces)  # noqa: E731
+        store_call(url, "reading", task)
+        return
+    for low in range(start, end, _WINDOW):
+        high = min(end, low + _WINDOW)
+        data = memoryview(read_bytes(url, low, high))
+        if len(data) < high - low:
+            raise EOFError(f"{url} ends at byte {low + len(data)}, before byte {end}")
+        for offset, view in pieces:
+            a, b = max(low, offset), min(high, offset + len(view))
+            if a < b:
+                view[a - offset : b - offset] = data[a - low : b - low]
+
+
+async def _stream_s3(
+    fs: Any, path: str, start: int, end: int, pieces: Sequence[tuple[int, memoryview]]
+) -> None:
+    bucket, key, version = fs.split_path(path)
+    extra = {"VersionId": version} if version else {}
+    response = await fs._call_s3(
+        "get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **extra
+    )
+    body, position = response["Body"], start
+    try:
+        for offset, view in pieces:
+            while position < offset:  # a gap between pieces
+                skipped = len(await body.read(min(offset - position, _WINDOW)))
+                if not skipped:
+                    raise EOFError(f"s3://{path} ends at byte {position}, before byte {end}")
+                position += skipped
+            done = 0
+            while done < len(view):
+                count = await body.readinto(view[done:])
+                if not count:
+                    raise EOFError(f"s3://{path} ends at byte {position + done}, before {end}")
+                done += count
+            position += done
+    finally:
+        body.close()
 
 
 def write_bytes(url: str, data: bytes) -> None:
