@@ -17,8 +17,10 @@ import dataclasses
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 __all__ = ["CREDENTIALS", "S3Server", "s3_server", "serve_s3"]
 
@@ -107,25 +109,30 @@ def serve_s3(prefix: Sequence[str], host: str, port: int) -> Iterator[S3Server]:
     """moto's server as a process started by `prefix` (``ip netns exec NS``, say), listening
     on `host`:`port`; waits until it answers, stops it afterwards."""
     argv = [*prefix, sys.executable, "-m", "moto.server", "-H", host, "-p", str(port)]
-    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     endpoint = f"http://{host}:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            probe = [*prefix, sys.executable, "-c",
-                     f"import urllib.request; urllib.request.urlopen({endpoint + '/'!r}, timeout=2)"]  # fmt: skip
-            if subprocess.run(probe, capture_output=True, timeout=30).returncode == 0:
-                break
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"moto's server did not start on {endpoint}: {server.stderr.read()[-500:]!r}"
-                )
-            time.sleep(0.2)
-        yield S3Server(endpoint)
-    finally:
-        server.terminate()
+    # moto logs every request on stderr: into a file, never a pipe that nobody reads
+    with tempfile.TemporaryFile() as log:
+        server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log)
         try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+            _wait_until_it_answers(server, prefix, endpoint, log)
+            yield S3Server(endpoint)
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+
+
+def _wait_until_it_answers(
+    server: subprocess.Popen, prefix: Sequence[str], endpoint: str, log: Any
+) -> None:
+    deadline = time.monotonic() + 60
+    probe = [*prefix, sys.executable, "-c",
+             f"import urllib.request; urllib.request.urlopen({endpoint + '/'!r}, timeout=2)"]  # fmt: skip
+    while subprocess.run(probe, capture_output=True, timeout=30).returncode != 0:
+        if server.poll() is not None or time.monotonic() > deadline:
+            log.seek(0)
+            raise RuntimeError(f"moto's server did not start on {endpoint}: {log.read()[-500:]!r}")
+        time.sleep(0.2)
