@@ -373,3 +373,58 @@ def test_deepspeed_zero2_saves_its_own_files_to_the_store_and_resumes_equal(s3: 
     resumed = run_distributed(_zero2, url, True, world_size=2, timeout=300)
     for name, value in full[0].items():
         assert torch.equal(resumed[0][name], value), name
+
+
+def _mesh_and_pipeline(url: str) -> dict:
+    """Tensor parallel (tp 2) and a pipeline (pp 2) on 2 processes, each saving into the store
+    after its first of 3 steps and going on, then resumed from the store for the last two."""
+    from accel import AcceleratorState, ParallelismConfig
+    from accel_testkit.models import Stack
+
+    class Net(Stack):
+        _tp_plan = {"blocks.*.up": "colwise", "blocks.*.down": "rowwise"}
+        _no_split_modules = None
+
+    g = torch.Generator().manual_seed(3)
+    data = [(torch.randn(16, 8, generator=g), torch.randn(16, 1, generator=g)) for _ in range(3)]
+    configs = {
+        "tp": lambda: ParallelismConfig(tp_size=2),
+        "pp": lambda: ParallelismConfig(
+            pp_size=2, pp_plan=["inp", "blocks", "out"], pp_microbatches=2,
+            pp_loss_fn=nn.functional.mse_loss,
+        ),
+    }  # fmt: skip
+
+    def run(kind: str, resume: bool) -> dict[str, torch.Tensor]:
+        AcceleratorState._reset_state()  # the process group stays; the next one adopts it
+        acc = Accelerator(cpu=True, parallelism_config=configs[kind]())
+        torch.manual_seed(0)
+        model = Net(width=16, depth=2, hidden=32)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        model, opt = acc.prepare(model, opt)
+        if resume:
+            acc.load_state(f"{url}/{kind}")
+        for step in range(1 if resume else 0, 3):
+            x, y = data[step]
+            pipeline = kind == "pp"  # its loss is computed by the last stage
+            acc.backward(
+                model(x, labels=y).loss if pipeline else nn.functional.mse_loss(model(x), y)
+            )
+            opt.step()
+            opt.zero_grad()
+            if step == 0 and not resume:
+                acc.save_state(f"{url}/{kind}")
+        return {k: v.detach().clone() for k, v in acc.get_state_dict(model).items()}
+
+    return {(kind, resume): run(kind, resume) for kind in configs for resume in (False, True)}
+
+
+def test_mesh_and_pipeline_engines_save_to_the_store_and_resume_equal(s3: str) -> None:
+    out = run_distributed(_mesh_and_pipeline, f"{s3}/engines", world_size=2, timeout=300)
+    for kind in ("tp", "pp"):
+        files = stores.files_under(f"{s3}/engines/{kind}")
+        assert "accel_checkpoint.json" in files and any(f.endswith(".distcp") for f in files)
+        went_on, resumed = out[0][(kind, False)], out[0][(kind, True)]
+        assert went_on.keys() == resumed.keys() and went_on
+        for name, value in went_on.items():
+            assert torch.equal(resumed[name], value), (kind, name)
