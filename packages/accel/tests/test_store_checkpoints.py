@@ -428,3 +428,26 @@ def test_mesh_and_pipeline_engines_save_to_the_store_and_resume_equal(s3: str) -
         assert went_on.keys() == resumed.keys() and went_on
         for name, value in went_on.items():
             assert torch.equal(resumed[name], value), (kind, name)
+
+
+def test_uploads_are_staged_in_memory_when_the_last_save_fits_there_twice(
+    s3: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from accel._checkpoint import _destination
+
+    monkeypatch.delenv("TMPDIR", raising=False)
+    staged: list[str] = []
+    upload = stores.upload
+    monkeypatch.setattr(stores, "upload", lambda local, url, files=None: (
+        staged.append(str(local)), upload(local, url, files))[1])  # fmt: skip
+    acc, model, opt = _simple()
+    acc.save_state(f"{s3}/first")  # nothing known yet of its size: the temp directory
+    acc.save_state(f"{s3}/second")
+    assert not staged[0].startswith("/dev/shm/") and staged[1].startswith("/dev/shm/"), staged
+    assert acc._checkpointer.last_upload_bytes == sum(
+        stores.size(f"{s3}/second/{f}") for f in stores.files_under(f"{s3}/second")
+        if f != "accel_checkpoint.json"
+    )  # fmt: skip
+    assert _destination.staging_root(2**60, 1) is None  # never more than memory holds
+    monkeypatch.setenv("TMPDIR", "/tmp")
+    assert _destination.staging_root(1, 1) is None  # the user's temp directory wins

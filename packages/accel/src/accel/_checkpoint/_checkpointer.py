@@ -163,7 +163,10 @@ class Checkpointer:
             if pc.automatic_checkpoint_naming:  # another replica group writes the same folder
                 pc.iteration += 1
             return os.fspath(target)
-        dest = destination(target, pc.automatic_checkpoint_naming)
+        dest = destination(
+            target, pc.automatic_checkpoint_naming, self.last_upload_bytes,
+            self.state.local_num_processes,
+        )  # fmt: skip
         sharers = self._sharers(dest.name)
         owner = self._owns(sharers)
         if owner:
@@ -231,6 +234,7 @@ class Checkpointer:
             return
         self.pending = None
         pending.join()
+        self.last_upload_bytes = pending.dest.uploaded_bytes
         self.state.wait_for_everyone()
         pending.raise_error()
 

@@ -59,6 +59,7 @@ class AsyncSave:
         *, writer: bool, rank: int, ranks: list[int], fsync: bool,
     ) -> None:  # fmt: skip
         self.target = dest.name
+        self.dest = dest
         self.error: BaseException | None = None
         args = (jobs, dest, meta, limit, writer, rank, ranks, fsync)
         self.thread = threading.Thread(target=self._run, args=args, name="accel-async-save")

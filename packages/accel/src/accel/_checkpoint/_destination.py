@@ -84,9 +84,10 @@ class StoreDestination:
 
     local = False
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, expected_bytes: int = 0, sharing: int = 1) -> None:
         self.url = url.rstrip("/")
-        self.staging = Path(tempfile.mkdtemp(prefix="accel-upload-"))
+        root = staging_root(expected_bytes, sharing)
+        self.staging = Path(tempfile.mkdtemp(prefix="accel-upload-", dir=root))
         self.uploaded_bytes = 0
 
     @property
@@ -144,11 +145,34 @@ def _flag(rank: int, ok: bool) -> str:
     return written_flag(rank) if ok else f"{written_flag(rank)}.failed"
 
 
-def destination(target: Path | str, automatic: bool) -> LocalDestination | StoreDestination:
-    """The destination of a save into `target` (a local folder or a store URL)."""
+def destination(
+    target: Path | str, automatic: bool, expected_bytes: int = 0, sharing: int = 1
+) -> LocalDestination | StoreDestination:
+    """The destination of a save into `target` (a local folder or a store URL); for a store,
+    `expected_bytes` is what this process wrote at its last save, `sharing` the processes of
+    this host staging at once."""
     if isinstance(target, str):
-        return StoreDestination(target)
+        return StoreDestination(target, expected_bytes, sharing)
     return LocalDestination(target, automatic)
+
+
+SHM = "/dev/shm"
+
+
+def staging_root(expected_bytes: int, sharing: int) -> str | None:
+    """Where a process stages its files before they are uploaded: memory (/dev/shm) when
+    TMPDIR is not set and both /dev/shm and the machine's available memory hold twice what
+    every process of the host wrote at its last save (a staged file is then never written
+    back to a disk, which on a cloud node's network disk is slower than the upload); else
+    the temp directory (TMPDIR). None: the temp directory."""
+    if not expected_bytes or os.environ.get("TMPDIR") or not os.access(SHM, os.W_OK):
+        return None
+    import psutil
+
+    needed = 2 * expected_bytes * max(sharing, 1)
+    if shutil.disk_usage(SHM).free < needed or psutil.virtual_memory().available < needed:
+        return None
+    return SHM
 
 
 def fetch_checkpoint(url: str, rank: int) -> Path:
