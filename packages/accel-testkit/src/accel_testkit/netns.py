@@ -28,6 +28,7 @@ import dataclasses
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -112,6 +113,12 @@ def make_hosts(name: str, count: int, *, private: bool = False) -> Hosts | str:
         return f"{SCRIPT} is missing"
     if private and (shutil.which("unshare") is None or shutil.which("nsenter") is None):
         return "no `unshare` / `nsenter` (install util-linux)"
+    hidden = [p for p in (SCRIPT.parents[2], Path(sys.prefix)) if _under_tmp(p)]
+    if private and hidden:
+        return (
+            f"{hidden[0]} is under /tmp, which each host with a filesystem of its own replaces "
+            f"with a tmpfs of its own: clone the repository (and keep its .venv) elsewhere"
+        )
     steps = [("up", name, str(count)), *([("private", name)] if private else [])]
     for step in steps:
         done = subprocess.run(
@@ -122,6 +129,10 @@ def make_hosts(name: str, count: int, *, private: bool = False) -> Hosts | str:
             what = "network" if step[0] == "up" else "mount"
             return f"{what} namespaces cannot be made here: {done.stderr.strip()[-300:]}"
     return Hosts(name, count, private)
+
+
+def _under_tmp(path: Path) -> bool:
+    return Path("/tmp") in path.resolve().parents
 
 
 @contextlib.contextmanager
