@@ -451,3 +451,21 @@ def test_uploads_are_staged_in_memory_when_the_last_save_fits_there_twice(
     assert _destination.staging_root(2**60, 1) is None  # never more than memory holds
     monkeypatch.setenv("TMPDIR", "/tmp")
     assert _destination.staging_root(1, 1) is None  # the user's temp directory wins
+
+
+def test_accelerator_save_writes_one_object_into_the_store(s3: str, tmp_path) -> None:
+    from safetensors.torch import load as load_safetensors
+
+    acc = Accelerator(cpu=True)
+    weights = {"w": torch.randn(3, 2), "b": torch.arange(4)}
+    acc.save(weights, f"{s3}/one/weights.pt")
+    acc.save(weights, f"{s3}/one/weights.safetensors", safe_serialization=True)
+    acc.save(weights, f"file://{tmp_path}/local.pt")
+    import io
+
+    loaded = torch.load(io.BytesIO(stores.read_bytes(f"{s3}/one/weights.pt")), weights_only=True)
+    safe = load_safetensors(stores.read_bytes(f"{s3}/one/weights.safetensors"))
+    local = torch.load(tmp_path / "local.pt", weights_only=True)
+    for got in (loaded, safe, local):
+        assert all(torch.equal(got[k], v) for k, v in weights.items())
+    assert not list(Path.cwd().glob("s3:*"))

@@ -32,6 +32,7 @@ from accel._config import (
 from accel._diagnostics import start_hang_doctor, start_oom_snapshot
 from accel._dynamo import TorchDynamoPlugin, resolve_dynamo_plugin
 from accel._gradient_state import GradientAccumulationPlugin, GradientState
+from accel._io import save_one
 from accel._mesh_mixin import MeshMixin
 from accel._prepare_mixin import PrepareMixin, devices_of_dispatched
 from accel._stopping import StoppingMixin
@@ -420,15 +421,10 @@ class Accelerator(
         return model.state_dict()
 
     def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
-        """Save `obj` on the main process (safetensors for a dict of tensors when asked)."""
-        if not self.is_main_process:
-            return
-        if safe_serialization:
-            from safetensors.torch import save_file
-
-            save_file(obj, os.fspath(f), metadata={"format": "pt"})
-        else:
-            torch.save(obj, f)
+        """Save `obj` on the main process (safetensors for a dict of tensors when asked);
+        `f` may be a store URL (s3://...)."""
+        if self.is_main_process:
+            save_one(obj, f, safe_serialization)
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
         return skip_first_batches(dataloader, num_batches)

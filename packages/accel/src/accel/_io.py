@@ -3,6 +3,8 @@ through accel-parallel's deferred writes) and the other objects of a save_state 
 
 from __future__ import annotations
 
+import io
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -60,3 +62,30 @@ def load_file(path: Path, trusted: bool = False) -> Any:
             stacklevel=4,
         )
         return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def save_one(obj: Any, f: Any, safe_serialization: bool) -> None:
+    """`Accelerator.save`: `obj` into `f` (a path, a file object, or a store URL: serialized
+    in memory, then written as one object), with torch.save or, when asked, safetensors."""
+    url = isinstance(f, str) and "://" in f and not f.startswith("file://")
+    if isinstance(f, str) and f.startswith("file://"):
+        f = f[len("file://") :]
+    if safe_serialization:
+        from safetensors.torch import save, save_file
+
+        if url:
+            _write_url(f, save(obj, metadata={"format": "pt"}))
+        else:
+            save_file(obj, os.fspath(f), metadata={"format": "pt"})
+    elif url:
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        _write_url(f, buffer.getvalue())
+    else:
+        torch.save(obj, f)
+
+
+def _write_url(url: str, data: bytes) -> None:
+    from accel_bigmodel import stores
+
+    stores.write_bytes(url, data)
