@@ -12,8 +12,6 @@ store (an fsspec URL: ``s3://bucket/model``) is read with ranged reads (`_store_
 
 from __future__ import annotations
 
-import glob
-import json
 import logging
 import os
 from collections.abc import Mapping
@@ -24,6 +22,7 @@ from torch import nn
 
 from accel_bigmodel._device_map import check_device_map
 from accel_bigmodel._header import reads_natively
+from accel_bigmodel._layout import choose, index_shards
 from accel_bigmodel._modeling import retie_parameters
 from accel_bigmodel._offload import save_offload_index
 from accel_bigmodel._placer import Placer
@@ -40,9 +39,6 @@ from accel_bigmodel._sources import (
 from accel_bigmodel._store import is_url, local_path
 from accel_bigmodel._store_load import check_store_reader, load_from_store, store_checkpoint_files
 
-INDEX_NAMES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-SINGLE_NAMES = ("model.safetensors", "pytorch_model.bin")
-_EXTENSIONS = (".safetensors", ".bin", ".pt", ".pth")
 logger = logging.getLogger(__name__)
 
 
@@ -54,20 +50,14 @@ class LoadResult(NamedTuple):
 
 
 def _shards_from_index(index_path: str) -> list[str]:
-    """The shard files an index names: ``{"weight_map": {name: file}}`` or ``{name: file}``."""
+    """The shard files an index names (`_layout.index_shards`), each checked to exist."""
     try:
         with open(index_path) as f:
-            index = json.load(f)
-        weight_map = index.get("weight_map", index)
-        if not all(isinstance(v, str) for v in weight_map.values()):
-            raise ValueError("its values are not all file names")
-    except (OSError, ValueError, AttributeError) as e:
-        raise ValueError(
-            f"Cannot read the checkpoint index {index_path}: {e!r}. It must be JSON with a "
-            f'"weight_map" of tensor name -> shard file (or be that mapping itself).'
-        ) from None
+            text = f.read()
+    except OSError as e:
+        raise ValueError(f"Cannot read the checkpoint index {index_path}: {e!r}.") from None
     folder = os.path.dirname(index_path)
-    shards = sorted({os.path.join(folder, f) for f in weight_map.values()})
+    shards = [os.path.join(folder, f) for f in index_shards(text, index_path)]
     missing = [s for s in shards if not os.path.isfile(s)]
     if missing:
         raise FileNotFoundError(
@@ -88,22 +78,9 @@ def checkpoint_files(checkpoint: str | os.PathLike) -> list[str]:
         return _shards_from_index(path) if path.endswith(".json") else [path]
     if not os.path.isdir(path):
         raise FileNotFoundError(f"Checkpoint {path!r} is neither a file nor a folder.")
-    for name in INDEX_NAMES:
-        if os.path.isfile(os.path.join(path, name)):
-            return _shards_from_index(os.path.join(path, name))
-    indexes = glob.glob(os.path.join(path, "*.index.json"))
-    if len(indexes) == 1:
-        return _shards_from_index(indexes[0])
-    for name in SINGLE_NAMES:
-        if os.path.isfile(os.path.join(path, name)):
-            return [os.path.join(path, name)]
-    files = sorted(f for f in os.listdir(path) if f.endswith(_EXTENSIONS))
-    if len(files) == 1:
-        return [os.path.join(path, files[0])]
-    raise ValueError(
-        f"Cannot tell which checkpoint to load in {path!r}: expected {INDEX_NAMES[0]}, "
-        f"{INDEX_NAMES[1]}, or one weights file ({', '.join(_EXTENSIONS)}); found {files}."
-    )
+    index, name = choose(path, os.listdir(path))
+    chosen = os.path.join(path, name)
+    return _shards_from_index(chosen) if index else [chosen]
 
 
 def _finish(

@@ -23,7 +23,6 @@ Every store access goes through `_store` (its errors name the URL and the fix).
 from __future__ import annotations
 
 import io
-import json
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -40,15 +39,13 @@ from accel_bigmodel._header import (
     read_safetensors_header,
     reads_natively,
 )
+from accel_bigmodel._layout import choose, index_shards
 from accel_bigmodel._placer import Placer, Plan
 from accel_bigmodel._pread import _buffer
 from accel_bigmodel._progress import Progress
 from accel_bigmodel._reader import CheckpointReader
 from accel_bigmodel._sources import _read_device, corrupt
 
-INDEX_NAMES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-SINGLE_NAMES = ("model.safetensors", "pytorch_model.bin")
-_EXTENSIONS = (".safetensors", ".bin", ".pt", ".pth")
 _GAP = 256 * 2**10  # tensors this close share one read (the gap is read and dropped)
 _MIN_PART, _MAX_PART = 8 * 2**20, 256 * 2**20
 
@@ -65,40 +62,15 @@ def store_checkpoint_files(url: str) -> list[str]:
             f"Checkpoint {url!r} is neither an object nor a folder (prefix) in its store: "
             f"check the URL (the bucket exists, but nothing is stored under that name)."
         )
-    names = _store.list_names(url)
-    for name in INDEX_NAMES:
-        if name in names:
-            return _shards_from_index(_store.join(url, name))
-    indexes = [n for n in names if n.endswith(".index.json")]
-    if len(indexes) == 1:
-        return _shards_from_index(_store.join(url, indexes[0]))
-    for name in SINGLE_NAMES:
-        if name in names:
-            return [_store.join(url, name)]
-    files = [n for n in names if n.endswith(_EXTENSIONS)]
-    if len(files) == 1:
-        return [_store.join(url, files[0])]
-    raise ValueError(
-        f"Cannot tell which checkpoint to load in {url!r}: expected {INDEX_NAMES[0]}, "
-        f"{INDEX_NAMES[1]}, or one weights file ({', '.join(_EXTENSIONS)}); found {files}."
-    )
+    index, name = choose(url, _store.list_names(url))
+    chosen = _store.join(url, name)
+    return _shards_from_index(chosen) if index else [chosen]
 
 
 def _shards_from_index(index_url: str) -> list[str]:
     """The shard objects an index names (`_checkpoint._shards_from_index` for a URL)."""
-    raw = _store.read_bytes(index_url)
-    try:
-        index = json.loads(raw)
-        weight_map = index.get("weight_map", index)
-        if not all(isinstance(v, str) for v in weight_map.values()):
-            raise ValueError("its values are not all file names")
-    except (ValueError, AttributeError) as e:
-        raise ValueError(
-            f"Cannot read the checkpoint index {index_url}: {e!r}. It must be JSON with a "
-            f'"weight_map" of tensor name -> shard file (or be that mapping itself).'
-        ) from None
+    names = index_shards(_store.read_bytes(index_url), index_url)
     folder = index_url.rsplit("/", 1)[0]
-    names = sorted(set(weight_map.values()))
     present = set(_store.files_under(folder)) if any("/" in n for n in names) else None
     if present is None:
         present = set(_store.list_names(folder))
