@@ -127,6 +127,7 @@ TORCH_VERSION_SENSITIVE = {
     "packages/accel/tests/test_fsdp.py": "FSDP2 (fully_shard) and its DTensor state dicts",
     "packages/accel/tests/test_mesh.py": "DeviceMesh, DTensor, tensor parallel, DCP",
     "packages/accel/tests/test_accelerate_checkpoints.py": "FSDP's and DeepSpeed's checkpoints",
+    "packages/accel/tests/test_store_checkpoints.py": "DCP sharded saves and torch's FsspecReader",
     "packages/accel-parallel/tests/test_fsdp_plugin.py": "the FSDP plugin onto torch's FSDP2",
     "packages/accel-parallel/tests/test_parallelism_config.py": (
         "meshes flattened again after a new process group (torch 2.9's mesh table)"

@@ -96,7 +96,10 @@ def load(state: dict[str, Any], folder: Path) -> None:
     in_store = _IN_STORE.get()
     if in_store is not None and folder.is_relative_to(in_store[0]):
         url = f"{in_store[1]}/{folder.relative_to(in_store[0]).as_posix()}"
-        dcp.load(state, storage_reader=dcp.FsspecReader(url))
+        reader = getattr(dcp, "FsspecReader", None)
+        if reader is None:  # torch 2.9 keeps it in a private module
+            from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader as reader
+        dcp.load(state, storage_reader=reader(url))
         return
     dcp.load(state, checkpoint_id=folder)
 
