@@ -471,3 +471,22 @@ def test_accelerator_save_writes_one_object_into_the_store(s3: str, tmp_path) ->
     for got in (loaded, safe, local):
         assert all(torch.equal(got[k], v) for k, v in weights.items())
     assert not list(Path.cwd().glob("s3:*"))
+
+
+def _save_into(url: str) -> str:
+    acc, model, opt = _simple()
+    try:
+        acc.save_state(url)
+    except Exception as err:  # every process learns of the failure: none waits at a barrier
+        return f"{type(err).__name__}: {err}"
+    return "saved"
+
+
+def test_a_store_failure_on_the_owning_process_fails_every_process_without_a_hang(
+    s3: str,
+) -> None:
+    out = run_distributed(_save_into, "s3://no-such-bucket-anywhere/run", world_size=2, timeout=120)
+    assert out[0].startswith("FileNotFoundError: the bucket 'no-such-bucket-anywhere'"), out
+    assert out[1].startswith(
+        "RuntimeError: save_state into s3://no-such-bucket-anywhere/run failed on another process"
+    ), out

@@ -167,38 +167,44 @@ class Checkpointer:
             target, pc.automatic_checkpoint_naming, self.last_upload_bytes,
             self.state.local_num_processes,
         )  # fmt: skip
-        sharers = self._sharers(dest.name)
-        owner = self._owns(sharers)
-        if owner:
-            self._agreed(dest, dest.prepare, everyone=False)
-        self.state.wait_for_everyone()
-        meta = marker_meta(self)
-        limit = pc.total_limit if pc.automatic_checkpoint_naming else None
-        if asynchronous:
-            with staged_writes(self.staging_buffers) as jobs:  # copied now, written later
-                write_checkpoint(self, dest.staging, safe_serialization)
-            self.pending = AsyncSave(
-                jobs, dest, meta, limit, writer=owner,
-                rank=self.state.process_index, ranks=sharers, fsync=pc.fsync,
-            )  # fmt: skip
-            if pc.automatic_checkpoint_naming:
-                pc.iteration += 1
-            return dest.name
+        store = not dest.local  # its steps are agreed: one process's failure fails them all
+        handed_over = False  # to an asynchronous save's thread, which cleans up after itself
         try:
-            # Files are written by several threads at once, each flushed in the background.
-            with deferred_fsync(enabled=pc.fsync and dest.local), parallel_writes():
-                write_checkpoint(self, dest.staging, safe_serialization)
-            self._agreed(dest, dest.publish, everyone=not dest.local)
+            sharers = self._sharers(dest.name)
+            owner = self._owns(sharers)
+            self._agreed(dest, dest.prepare if owner else _nothing, everyone=store)
             self.state.wait_for_everyone()
-            if owner:
-                self._agreed(dest, lambda: dest.finalize(meta, limit, pc.fsync), everyone=False)
-            self.state.wait_for_everyone()
+            meta = marker_meta(self)
+            limit = pc.total_limit if pc.automatic_checkpoint_naming else None
+            if asynchronous:
+                with staged_writes(self.staging_buffers) as jobs:  # copied now, written later
+                    write_checkpoint(self, dest.staging, safe_serialization)
+                self.pending = AsyncSave(
+                    jobs, dest, meta, limit, writer=owner,
+                    rank=self.state.process_index, ranks=sharers, fsync=pc.fsync,
+                )  # fmt: skip
+                handed_over = True
+            else:
+                self._agreed(dest, lambda: self._write(dest, safe_serialization), store)
+                self.state.wait_for_everyone()
+                complete = lambda: dest.finalize(meta, limit, pc.fsync)  # noqa: E731
+                self._agreed(dest, complete if owner else _nothing, everyone=store)
+                self.state.wait_for_everyone()
+                self.last_upload_bytes = dest.uploaded_bytes
         finally:
-            dest.cleanup()
-        self.last_upload_bytes = dest.uploaded_bytes
+            if not handed_over:
+                dest.cleanup()
         if pc.automatic_checkpoint_naming:
             pc.iteration += 1
         return dest.name
+
+    def _write(self, dest: Any, safe_serialization: bool) -> None:
+        """This process's files, written by several threads at once (each flushed in the
+        background, into a local destination), then published (uploaded, into a store)."""
+        fsync = self.project_configuration.fsync and dest.local
+        with deferred_fsync(enabled=fsync), parallel_writes():
+            write_checkpoint(self, dest.staging, safe_serialization)
+        dest.publish()
 
     def _agreed(self, dest: Any, step: Callable[[], None], everyone: bool) -> None:
         """Run `step`; with `everyone` (a store's upload, on every process), every process
@@ -343,6 +349,10 @@ class Checkpointer:
             with published(save_directory) as folder:
                 save_sharded_weights(state, folder, max_shard_size, safe_serialization)
         self.state.wait_for_everyone()
+
+
+def _nothing() -> None:
+    """What a process that does not own the checkpoint does at the owner's steps."""
 
 
 def _describe(error: BaseException | None) -> str | None:
