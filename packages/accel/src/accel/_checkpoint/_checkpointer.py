@@ -18,6 +18,8 @@ from __future__ import annotations
 import collections
 import os
 import shutil
+import tempfile
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -206,7 +208,9 @@ class Checkpointer:
             write_checkpoint(self, dest.staging, safe_serialization)
         dest.publish()
 
-    def _agreed(self, dest: Any, step: Callable[[], None], everyone: bool) -> None:
+    def _agreed(
+        self, dest: Any, step: Callable[[], None], everyone: bool, saving: bool = True
+    ) -> None:
         """Run `step`; with `everyone` (a store's upload, on every process), every process
         learns of any process's failure and raises it, instead of waiting for that process
         at the next barrier. A store's errors name the URL and the fix."""
@@ -224,12 +228,13 @@ class Checkpointer:
         import accel_state
 
         failures = [f for f in accel_state.gather_object([_describe(error)]) if f is not None]
+        what = "save_state into" if saving else "load_state from"
         if error is not None:
             raise error
         if failures:
             raise RuntimeError(
-                f"save_state into {dest.name} failed on another process: {failures[0]}; the "
-                f"previous checkpoint is still the newest complete one."
+                f"{what} {dest.name} failed on another process: {failures[0]}"
+                + ("; the previous checkpoint is still the newest complete one." if saving else ".")
             )
 
     def wait(self) -> None:
@@ -267,8 +272,8 @@ class Checkpointer:
             source = _naming.newest_checkpoint(pc, self.state.is_main_process, stacklevel=3)
         else:
             source = _naming.as_location(input_dir)
-        if isinstance(source, str):  # a store: this process's files fetched to a local folder
-            local = fetch_checkpoint(source, self.state.process_index)
+        if isinstance(source, str):  # a store: fetched once per host into a local folder
+            local = self._fetch(source)
             try:
                 with dcp_data_in_store(local, source):
                     self._load_folder(local, stateful_loaders, load_kwargs)
@@ -277,11 +282,31 @@ class Checkpointer:
                     raise
                 raise type(err)(str(err).replace(os.fspath(local), source)) from err
             finally:
-                shutil.rmtree(local, ignore_errors=True)
+                self.state.wait_for_everyone()  # every process of the host has read it
+                if self.state.is_local_main_process or self.state.num_processes == 1:
+                    shutil.rmtree(local, ignore_errors=True)
         else:
             self._load_folder(source, stateful_loaders, load_kwargs)
         _naming.continue_numbering(pc, source)
         return os.fspath(source)
+
+    def _fetch(self, url: str) -> Path:
+        """The checkpoint at `url` in a local folder: fetched by the first process of each
+        host, for all of that host's processes (a folder named by a token of this load, in
+        the temp directory); a failure is every process's."""
+        if self.state.num_processes == 1:
+            return fetch_checkpoint(url, self.state.process_index)
+        import uuid
+
+        import accel_state
+
+        token = accel_state.broadcast_object_list([uuid.uuid4().hex])[0]
+        local = Path(tempfile.gettempdir()) / f"accel-download-{token}"
+        dest = types.SimpleNamespace(name=url)
+        fetch = lambda: fetch_checkpoint(url, None, into=local)  # noqa: E731
+        main = self.state.is_local_main_process
+        self._agreed(dest, fetch if main else _nothing, everyone=True, saving=False)
+        return local
 
     def _load_folder(
         self, source: Path, stateful_loaders: bool, load_kwargs: dict[str, Any]

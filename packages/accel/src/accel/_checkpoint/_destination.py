@@ -175,11 +175,12 @@ def staging_root(expected_bytes: int, sharing: int) -> str | None:
     return SHM
 
 
-def fetch_checkpoint(url: str, rank: int) -> Path:
-    """A complete checkpoint in a store, copied into a new local folder for process `rank`:
-    every file but the other processes' RNG and process files (with accel's marker; a
-    checkpoint accelerate wrote has them all) and the data files of DCP folders (read from the
-    store when loaded, under `dcp_data_in_store`). The caller removes the folder."""
+def fetch_checkpoint(url: str, rank: int | None, into: Path | None = None) -> Path:
+    """A complete checkpoint in a store, copied into local folder `into` (a new one when
+    None) for process `rank` (None: for every process of a host): every file but the other
+    processes' RNG and process files (with accel's marker; a checkpoint accelerate wrote has
+    them all) and the data files of DCP folders (read from the store when loaded, under
+    `dcp_data_in_store`). The caller removes the folder."""
     from accel_bigmodel import stores
 
     state = store_state(url)
@@ -193,7 +194,7 @@ def fetch_checkpoint(url: str, rank: int) -> Path:
         raise FileNotFoundError(f"{url} is not a complete checkpoint: {why}. Pass a complete one.")
     skip: set[str] = set()
     names = stores.list_names(url)
-    if MARKER in names:
+    if MARKER in names and rank is not None:
         meta = json.loads(stores.read_bytes(stores.join(url, MARKER)))
         saved = int(meta.get("num_processes") or 1)
         mine = min(rank, saved - 1)
@@ -203,7 +204,8 @@ def fetch_checkpoint(url: str, rank: int) -> Path:
     # each process, only the ranges it needs (accel_parallel.checkpoint.dcp_data_in_store)
     dcp = {f.rsplit("/", 1)[0] for f in files if f.endswith("/.metadata")}
     skip |= {f for f in files if f.endswith(".distcp") and f.rsplit("/", 1)[0] in dcp}
-    local = Path(tempfile.mkdtemp(prefix="accel-download-"))
+    local = Path(tempfile.mkdtemp(prefix="accel-download-")) if into is None else into
+    local.mkdir(parents=True, exist_ok=True)
     try:
         stores.download(url, local, keep=lambda name: name not in skip)
     except BaseException:
