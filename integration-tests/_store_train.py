@@ -28,34 +28,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+# _multihost_train's network, data and optimizer settings (this script's folder is the first
+# entry of its import path, and the tests put it there to import this module)
+from _multihost_train import ADAM_EPS, CLIP, GLOBAL_BATCH, LR, SAMPLES, make_net
+from _multihost_train import dataset as _samples
 from torch import nn
 
-SAMPLES, GLOBAL_BATCH, STEPS, LR, CLIP, ADAM_EPS = 64, 16, 7, 1e-2, 1.0, 1.0
-LAYERS = 3
-
-
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.inp = nn.Linear(8, 16)
-        self.hidden = nn.Linear(16, 16)
-        self.out = nn.Linear(16, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(torch.tanh(self.hidden(torch.tanh(self.inp(x)))))
-
-
-def make_net() -> Net:
-    torch.manual_seed(0)
-    return Net()
+STEPS, LAYERS = 7, 3  # more steps than _multihost_train's: the run crosses into a 2nd epoch
 
 
 def dataset() -> torch.utils.data.TensorDataset:
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(SAMPLES, 8, generator=g)
-    return torch.utils.data.TensorDataset(
-        x, x.sum(dim=1, keepdim=True).sin(), torch.arange(SAMPLES)
-    )
+    """_multihost_train's samples, each with its index (to check the data position)."""
+    x, y = _samples().tensors
+    return torch.utils.data.TensorDataset(x, y, torch.arange(SAMPLES))
 
 
 class Progress:

@@ -46,19 +46,14 @@ saved weights, optimizer state and scheduler exactly.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import os
 import resource
 import shutil
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,46 +72,7 @@ SAVES = ("accel", "raw_put", "async")
 LOADS = ("accel", "raw_get", "raw_get_load")
 
 
-# -- the server --------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@contextlib.contextmanager
-def moto_server(log: Path) -> Iterator[tuple[str, int]]:
-    """moto's S3 server in its own process on a free loopback port; yields its endpoint and
-    process id once it answers. Its request log goes to `log` (a pipe nobody reads would fill and stall it)."""
-    port = free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    with open(log, "wb") as out:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(endpoint + "/", timeout=2).close()
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"moto's server did not start on {endpoint}: {log.read_text()[-500:]}"
-                    ) from None
-                time.sleep(0.1)
-        yield endpoint, server.pid
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-
-
+# -- the server's CPU time --------------------------------------------------------------------
 def process_cpu(pid: int) -> float:
     """CPU seconds (user + system) process `pid` has used so far (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -396,13 +352,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     layers = layer_count(args.size_mb, args.width)
     params_mb = layers * (args.width**2 + args.width) * 4 / 1e6
-    from accel_testkit.s3 import S3Server
+    from accel_testkit.s3 import serve_s3
 
     root = Path(tempfile.mkdtemp(prefix="bench_store_checkpoint_", dir="/tmp"))
     load_before = os.getloadavg()[0]
     try:
-        with moto_server(root / "moto.log") as (endpoint, pid):
-            server = S3Server(endpoint)
+        # moto in its own process: its CPU is not in this process's interpreter lock
+        with serve_s3([], "127.0.0.1") as server:
+            endpoint, pid = server.endpoint, server.pid
             server.bucket(BUCKET)
             with server.environment():
                 print(f"torch {torch.__version__}, CPU, {args.threads} thread(s); {layers} x "

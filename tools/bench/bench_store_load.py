@@ -29,12 +29,12 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -115,12 +115,6 @@ def run_case(case: str, source: str, dim: int, layers: int) -> dict:
     return {"s": seconds, "bytes": nbytes, "peak_rss_bytes": peak_rss(), "rss_before": before}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> None:
     from _bytecode import compile_workspace
 
@@ -146,11 +140,11 @@ def main() -> None:
         size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
         print(f"checkpoint: {size / 2**20:.0f} MiB, {layers} blocks of dim {args.dim}, "
               f"{args.shards} shards")  # fmt: skip
-        with serve_s3([], "127.0.0.1", free_port()) as server:
+        with serve_s3([], "127.0.0.1") as server:
             bucket = server.bucket("bench")
             url = stores.join(bucket, "ckpt")
             with server.environment():
-                stores.upload(__import__("pathlib").Path(folder), url)
+                stores.upload(Path(folder), url)
             env = {**os.environ, **server.env}
             sources = {"raw": url, "raw-1get": url, "accel": url, "local": folder}
             runs: dict[str, list[dict]] = {case: [] for case in sources}

@@ -37,7 +37,7 @@ def test_upload_download_and_listing_round_trip(s3: str, tmp_path: Path):
         stores.read_bytes(stores.join(url, "a.bin"), 10, 20) == (src / "a.bin").read_bytes()[10:20]
     )
     dst = tmp_path / "dst"
-    assert stores.download(url, dst, keep=lambda n: n != "a.bin") == 10
+    assert stores.download(url, dst, ["sub/b.bin"]) == 10
     assert [p.name for p in dst.rglob("*") if p.is_file()] == ["b.bin"]
     stores.remove(url)
     assert stores.files_under(url) == [] and not stores.exists(stores.join(url, "a.bin"))

@@ -18,27 +18,15 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from accel import Accelerator, ProjectConfiguration
 from accel.utils import set_seed
 from accel_bigmodel import stores
 from accel_state.testing import run_distributed
+from accel_testkit.models import RegressionData
 
 pytestmark = pytest.mark.needs("s3fs", "moto")
-
-
-class IdData(Dataset):
-    def __init__(self, length: int = 32) -> None:
-        g = torch.Generator().manual_seed(1)
-        self.x = torch.randn(length, 6, generator=g)
-        self.y = torch.randn(length, 1, generator=g)
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"x": self.x[i], "y": self.y[i], "id": torch.tensor(i)}
 
 
 def _run(project: str, stop_after: int | None, resume: bool) -> dict:
@@ -53,10 +41,10 @@ def _run(project: str, stop_after: int | None, resume: bool) -> dict:
             project_dir=project, automatic_checkpoint_naming=True, total_limit=2
         ),
     )
-    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 1))
+    model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 1))
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.9**s)
-    loader = DataLoader(IdData(), batch_size=4, shuffle=True)
+    loader = DataLoader(RegressionData(32), batch_size=4, shuffle=True)
     model, opt, loader, sched = acc.prepare(model, opt, loader, sched)
     if resume:
         acc.load_state()
@@ -70,7 +58,7 @@ def _run(project: str, stop_after: int | None, resume: bool) -> dict:
                 opt.step()
                 sched.step()
                 opt.zero_grad()
-            seen.extend(batch["id"].tolist())
+            seen.extend(batch["index"].tolist())
             micro += 1
             if micro == stop_after:
                 acc.save_state()  # checkpoint_0 .. _2 under total_limit=2: the last two stay
@@ -347,9 +335,9 @@ def _zero2(url: str, resume: bool) -> dict[str, torch.Tensor]:
 
     acc = Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=2))
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
+    model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
-    model, opt, loader = acc.prepare(model, opt, DataLoader(IdData(), batch_size=4))
+    model, opt, loader = acc.prepare(model, opt, DataLoader(RegressionData(32), batch_size=4))
     if resume:
         acc.load_state(url)
     for step, batch in enumerate(loader, start=2 if resume else 0):

@@ -322,10 +322,10 @@ def upload(local: Path, url: str, files: Iterable[str] | None = None) -> int:
     return sum(os.path.getsize(s) for s in sources)
 
 
-def download(url: str, local: Path, keep: Callable[[str], bool] | None = None) -> int:
-    """Copy the files under `url` (those `keep` accepts, by relative path) into local folder
-    `local`, concurrently; returns the bytes received."""
-    names = [n for n in files_under(url) if keep is None or keep(n)]
+def download(url: str, local: Path, files: Iterable[str] | None = None) -> int:
+    """Copy the files under `url` (every one, or only `files`, paths relative to it) into
+    local folder `local`, concurrently; returns the bytes received."""
+    names = files_under(url) if files is None else sorted(files)
     if not names:
         return 0
     fs, path = filesystem(url)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -35,9 +36,11 @@ _AWS = ("AWS_ENDPOINT_URL", *CREDENTIALS, "AWS_PROFILE", "AWS_SESSION_TOKEN")
 
 @dataclasses.dataclass
 class S3Server:
-    """A running server at `endpoint` (http://host:port)."""
+    """A running server at `endpoint` (http://host:port); `pid`: its process, when it runs
+    in one of its own (`serve_s3`)."""
 
     endpoint: str
+    pid: int | None = None
 
     @property
     def env(self) -> dict[str, str]:
@@ -105,9 +108,14 @@ def s3_server(host: str = "127.0.0.1") -> Iterator[S3Server]:
 
 
 @contextlib.contextmanager
-def serve_s3(prefix: Sequence[str], host: str, port: int) -> Iterator[S3Server]:
+def serve_s3(prefix: Sequence[str], host: str, port: int | None = None) -> Iterator[S3Server]:
     """moto's server as a process started by `prefix` (``ip netns exec NS``, say), listening
-    on `host`:`port`; waits until it answers, stops it afterwards."""
+    on `host`:`port` (a free port of this machine's loopback when None); waits until it
+    answers, stops it afterwards."""
+    if port is None:  # the testkit requires nothing: no accel_state.testing.free_port here
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
     argv = [*prefix, sys.executable, "-m", "moto.server", "-H", host, "-p", str(port)]
     endpoint = f"http://{host}:{port}"
     # moto logs every request on stderr: into a file, never a pipe that nobody reads
@@ -115,7 +123,7 @@ def serve_s3(prefix: Sequence[str], host: str, port: int) -> Iterator[S3Server]:
         server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log)
         try:
             _wait_until_it_answers(server, prefix, endpoint, log)
-            yield S3Server(endpoint)
+            yield S3Server(endpoint, server.pid)
         finally:
             server.terminate()
             try:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from accel import _accelerator_config as _config_of
+from accel._io import is_url
 from accel_state import device_entry, resolved_launch_config
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ _OOM_HISTORY_ENTRIES = 100_000  # allocator events kept (torch's own default)
 
 
 def _run_folder(project_dir: str | os.PathLike[str] | None) -> Path:
-    if not project_dir or "://" in os.fspath(project_dir):  # a store: reports stay local
+    if not project_dir or is_url(os.fspath(project_dir)):  # a store: reports stay local
         return Path.cwd()
     return Path(project_dir)
 

@@ -64,28 +64,45 @@ def load_file(path: Path, trusted: bool = False) -> Any:
         return torch.load(path, map_location="cpu", weights_only=False)
 
 
+def is_url(path: object) -> bool:
+    """Whether `path` is an object-store URL (s3://...; file:// is a local path). The store
+    module, and with it accel-bigmodel, is imported only for a string that could be one."""
+    if not isinstance(path, str) or "://" not in path:
+        return False
+    from accel_bigmodel.stores import is_url as url
+
+    return url(path)
+
+
+def as_location(path: str | os.PathLike[str]) -> Path | str:
+    """A store URL as given (a str, without a trailing slash), anything else as a local Path
+    (a file:// URL loses its scheme)."""
+    if is_url(path):
+        return path.rstrip("/")
+    text = os.fspath(path)
+    return Path(text[len("file://") :] if text.lower().startswith("file://") else text)
+
+
 def save_one(obj: Any, f: Any, safe_serialization: bool) -> None:
     """`Accelerator.save`: `obj` into `f` (a path, a file object, or a store URL: serialized
     in memory, then written as one object), with torch.save or, when asked, safetensors."""
-    url = isinstance(f, str) and "://" in f and not f.startswith("file://")
-    if isinstance(f, str) and f.startswith("file://"):
-        f = f[len("file://") :]
-    if safe_serialization:
-        from safetensors.torch import save, save_file
+    if isinstance(f, (str, os.PathLike)):
+        f = as_location(f)
+    if isinstance(f, str):  # a store URL
+        if safe_serialization:
+            from safetensors.torch import save
 
-        if url:
-            _write_url(f, save(obj, metadata={"format": "pt"}))
+            data = save(obj, metadata={"format": "pt"})
         else:
-            save_file(obj, os.fspath(f), metadata={"format": "pt"})
-    elif url:
-        buffer = io.BytesIO()
-        torch.save(obj, buffer)
-        _write_url(f, buffer.getvalue())
+            buffer = io.BytesIO()
+            torch.save(obj, buffer)
+            data = buffer.getvalue()
+        from accel_bigmodel import stores
+
+        stores.write_bytes(f, data)
+    elif safe_serialization:
+        from safetensors.torch import save_file
+
+        save_file(obj, os.fspath(f), metadata={"format": "pt"})
     else:
         torch.save(obj, f)
-
-
-def _write_url(url: str, data: bytes) -> None:
-    from accel_bigmodel import stores
-
-    stores.write_bytes(url, data)

@@ -19,7 +19,6 @@ import collections
 import os
 import shutil
 import tempfile
-import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,7 @@ from accel._checkpoint._load import (
     naming_differences,
 )
 from accel._checkpoint._write import marker_meta, model_of, replica_groups, write_checkpoint
-from accel._io import load_file, read_weights
+from accel._io import as_location, is_url, load_file, read_weights
 from accel_parallel import StagingBuffers, deferred_fsync, parallel_writes, staged_writes
 from accel_parallel.checkpoint import (
     SCALER_NAME,
@@ -84,7 +83,7 @@ class Checkpointer:
         self.last_upload_bytes = 0  # what this process sent to a store at the last save
         # The CPU copies of the last asynchronous save, reused by the next (free_memory drops)
         self.staging_buffers = StagingBuffers()
-        if _naming.is_url(project_configuration.project_dir) and state.is_local_main_process:
+        if is_url(project_configuration.project_dir) and state.is_local_main_process:
             from accel_bigmodel.stores import check_store  # each host's own way to the store
 
             check_store(project_configuration.project_dir, write=True)  # now, not at a save
@@ -174,7 +173,7 @@ class Checkpointer:
         try:
             sharers = self._sharers(dest.name)
             owner = self._owns(sharers)
-            self._agreed(dest, dest.prepare if owner else _nothing, everyone=store)
+            self._agreed(dest.name, dest.prepare if owner else _nothing, everyone=store)
             self.state.wait_for_everyone()
             meta = marker_meta(self)
             limit = pc.total_limit if pc.automatic_checkpoint_naming else None
@@ -187,10 +186,10 @@ class Checkpointer:
                 )  # fmt: skip
                 handed_over = True
             else:
-                self._agreed(dest, lambda: self._write(dest, safe_serialization), store)
+                self._agreed(dest.name, lambda: self._write(dest, safe_serialization), store)
                 self.state.wait_for_everyone()
                 complete = lambda: dest.finalize(meta, limit, pc.fsync)  # noqa: E731
-                self._agreed(dest, complete if owner else _nothing, everyone=store)
+                self._agreed(dest.name, complete if owner else _nothing, everyone=store)
                 self.state.wait_for_everyone()
                 self.last_upload_bytes = dest.uploaded_bytes
         finally:
@@ -209,7 +208,7 @@ class Checkpointer:
         dest.publish()
 
     def _agreed(
-        self, dest: Any, step: Callable[[], None], everyone: bool, saving: bool = True
+        self, name: str, step: Callable[[], None], everyone: bool, saving: bool = True
     ) -> None:
         """Run `step`; with `everyone` (a store's upload, on every process), every process
         learns of any process's failure and raises it, instead of waiting for that process
@@ -233,7 +232,7 @@ class Checkpointer:
             raise error
         if failures:
             raise RuntimeError(
-                f"{what} {dest.name} failed on another process: {failures[0]}"
+                f"{what} {name} failed on another process: {failures[0]}"
                 + ("; the previous checkpoint is still the newest complete one." if saving else ".")
             )
 
@@ -271,7 +270,7 @@ class Checkpointer:
                 )
             source = _naming.newest_checkpoint(pc, self.state.is_main_process, stacklevel=3)
         else:
-            source = _naming.as_location(input_dir)
+            source = as_location(input_dir)
         if isinstance(source, str):  # a store: fetched once per host into a local folder
             local = self._fetch(source)
             try:
@@ -302,10 +301,9 @@ class Checkpointer:
 
         token = accel_state.broadcast_object_list([uuid.uuid4().hex])[0]
         local = Path(tempfile.gettempdir()) / f"accel-download-{token}"
-        dest = types.SimpleNamespace(name=url)
         fetch = lambda: fetch_checkpoint(url, None, into=local)  # noqa: E731
         main = self.state.is_local_main_process
-        self._agreed(dest, fetch if main else _nothing, everyone=True, saving=False)
+        self._agreed(url, fetch if main else _nothing, everyone=True, saving=False)
         return local
 
     def _load_folder(

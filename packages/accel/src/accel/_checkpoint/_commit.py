@@ -58,7 +58,6 @@ class AsyncSave:
         self, jobs: list, dest: Any, meta: dict[str, Any], limit: int | None,
         *, writer: bool, rank: int, ranks: list[int], fsync: bool,
     ) -> None:  # fmt: skip
-        self.target = dest.name
         self.dest = dest
         self.error: BaseException | None = None
         args = (jobs, dest, meta, limit, writer, rank, ranks, fsync)
@@ -103,6 +102,6 @@ class AsyncSave:
     def raise_error(self) -> None:
         if self.error is not None:
             raise RuntimeError(
-                f"the asynchronous save_state into {self.target} failed ({self.error!r}); the "
+                f"the asynchronous save_state into {self.dest.name} failed ({self.error!r}); the "
                 f"previous checkpoint is still the newest complete one."
             ) from self.error

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from accel._checkpoint._commit import finalize
-from accel._checkpoint._naming import rotate, store_state
+from accel._checkpoint._naming import remove_from_store, rotate, state_of
 from accel_parallel.checkpoint import (
     MARKER,
     STORE_SENTINEL,
@@ -99,10 +99,7 @@ class StoreDestination:
         (it is no longer complete), then everything; the sentinel goes in before any file."""
         from accel_bigmodel import stores
 
-        marker = stores.join(self.url, MARKER)
-        if stores.exists(marker):
-            stores.remove(marker)
-        stores.remove(self.url)
+        remove_from_store(self.url)
         stores.write_bytes(stores.join(self.url, STORE_SENTINEL), b"")
 
     def publish(self) -> None:
@@ -183,7 +180,9 @@ def fetch_checkpoint(url: str, rank: int | None, into: Path | None = None) -> Pa
     `dcp_data_in_store`). The caller removes the folder."""
     from accel_bigmodel import stores
 
-    state = store_state(url)
+    files = stores.files_under(url)  # the one listing of the fetch
+    names = {f.split("/", 1)[0] for f in files}
+    state = state_of(names)
     if state != "complete":
         why = (
             f"a save into it was interrupted ({STORE_SENTINEL} is there, accel's {MARKER} is not)"
@@ -193,13 +192,11 @@ def fetch_checkpoint(url: str, rank: int | None, into: Path | None = None) -> Pa
         )
         raise FileNotFoundError(f"{url} is not a complete checkpoint: {why}. Pass a complete one.")
     skip: set[str] = set()
-    names = stores.list_names(url)
     if MARKER in names and rank is not None:
         meta = json.loads(stores.read_bytes(stores.join(url, MARKER)))
         saved = int(meta.get("num_processes") or 1)
         mine = min(rank, saved - 1)
         skip = {f(r) for r in range(saved) if r != mine for f in (rng_file, process_file)}
-    files = stores.files_under(url)
     # DCP folders: their .metadata is fetched, their data files are read from the store by
     # each process, only the ranges it needs (accel_parallel.checkpoint.dcp_data_in_store)
     dcp = {f.rsplit("/", 1)[0] for f in files if f.endswith("/.metadata")}
@@ -207,7 +204,7 @@ def fetch_checkpoint(url: str, rank: int | None, into: Path | None = None) -> Pa
     local = Path(tempfile.mkdtemp(prefix="accel-download-")) if into is None else into
     local.mkdir(parents=True, exist_ok=True)
     try:
-        stores.download(url, local, keep=lambda name: name not in skip)
+        stores.download(url, local, [f for f in files if f not in skip])
     except BaseException:
         shutil.rmtree(local, ignore_errors=True)
         raise

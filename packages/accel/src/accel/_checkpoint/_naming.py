@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from accel._io import as_location, is_url
 from accel_parallel.checkpoint import (
     CHECKPOINT_RE,
     CHECKPOINTS_FOLDER,
@@ -28,15 +29,6 @@ from accel_parallel.checkpoint import (
 )
 
 
-def is_url(path: object) -> bool:
-    """Whether `path` is an object-store URL (the store module is imported only then)."""
-    if not isinstance(path, str) or "://" not in path:
-        return False
-    from accel_bigmodel.stores import is_url as url
-
-    return url(path)
-
-
 def _name(location: Path | str) -> str:
     return location.name if isinstance(location, Path) else location.rstrip("/").rsplit("/", 1)[-1]
 
@@ -45,11 +37,9 @@ def _join(root: Path | str, name: str) -> Path | str:
     return root / name if isinstance(root, Path) else f"{root.rstrip('/')}/{name}"
 
 
-def store_state(url: str) -> str:
-    """'complete', 'interrupted' (accel's sentinel, no marker) or 'missing' for a prefix."""
-    from accel_bigmodel import stores
-
-    names = set(stores.list_names(url))
+def state_of(names: set[str] | list[str]) -> str:
+    """'complete', 'interrupted' (accel's sentinel, no marker) or 'missing' for a store prefix
+    holding the objects `names` (directly under it)."""
     if MARKER in names:
         return "complete"
     if STORE_SENTINEL in names:
@@ -64,7 +54,8 @@ def _complete_in_store(root: str) -> tuple[list[str], list[str]]:
     for name in stores.list_names(root):
         if CHECKPOINT_RE.match(name):
             url = stores.join(root, name)
-            (complete if store_state(url) == "complete" else incomplete).append(url)
+            done = state_of(stores.list_names(url)) == "complete"
+            (complete if done else incomplete).append(url)
     complete.sort(key=lambda u: int(CHECKPOINT_RE.match(_name(u)).group(1)))
     return complete, sorted(incomplete)
 
@@ -104,14 +95,6 @@ def save_target(project: Any, output_dir: str | os.PathLike[str] | None) -> Path
     return as_location(output_dir)
 
 
-def as_location(path: str | os.PathLike[str]) -> Path | str:
-    """A store URL as given (a str), anything else as a local Path (file:// URLs included)."""
-    if is_url(path):
-        return path.rstrip("/")
-    text = os.fspath(path)
-    return Path(text[len("file://") :] if text.lower().startswith("file://") else text)
-
-
 def newest_checkpoint(project: Any, warn: bool, stacklevel: int) -> Path | str:
     """The newest complete automatic checkpoint; with `warn`, the incomplete ones (a save
     that was interrupted) are named in a warning."""
@@ -149,10 +132,10 @@ def rotate(root: Path | str, limit: int | None) -> None:
         if isinstance(old, Path):
             shutil.rmtree(old)
         else:
-            _remove_from_store(old)
+            remove_from_store(old)
 
 
-def _remove_from_store(url: str) -> None:
+def remove_from_store(url: str) -> None:
     """A checkpoint deleted from a store: its marker first, so that a deletion cut short
     leaves an incomplete prefix, never a complete-looking one missing files."""
     from accel_bigmodel import stores
