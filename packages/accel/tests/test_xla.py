@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ from _xla_cases import (
     BOUND,
     CLIP,
     SAMPLES,
+    dataset,
     eager_reference,
     loader,
     make_net,
@@ -229,3 +231,56 @@ def test_set_seed_seeds_the_xla_generator() -> None:
     torch.testing.assert_close(draw(), first, rtol=0, atol=0)
     set_seed(8)
     assert not torch.equal(draw(), first)
+
+
+def _data_handles_of_a_step(step: Any) -> int:
+    """The device buffers one steady-state step creates (graph results and transfers), after
+    two steps that compile its graphs."""
+    import torch_xla.debug.metrics as met
+
+    for _ in range(2):
+        step()
+    before = met.counter_value("CreateDataHandles") or 0
+    step()
+    return (met.counter_value("CreateDataHandles") or 0) - before
+
+
+def test_the_step_graph_writes_the_parameters_not_the_gradients() -> None:
+    """A graph cut materializes every live tensor it computed: cut while the gradients are
+    held (at `optimizer.step()`), the step's graph wrote each gradient out as well, an extra
+    buffer per parameter that raw torch-xla's loop (cut after `zero_grad`) never writes. The
+    cut now comes at the prepared optimizer's `zero_grad`: a step creates exactly the buffers
+    of raw torch-xla's, and a step whose gradients are released some other way is still cut
+    (by the next optimizer step)."""
+    import torch_xla
+    import torch_xla.debug.metrics as met
+
+    x, y = dataset().tensors[0][:BATCH], dataset().tensors[1][:BATCH]
+    device = torch_xla.device()
+    raw_model = make_net().to(device)
+    raw_opt = make_optimizer(raw_model)
+
+    def raw_step() -> None:
+        loss = torch.nn.functional.mse_loss(raw_model(x.to(device)), y.to(device))
+        loss.backward()
+        raw_opt.step()
+        raw_opt.zero_grad()
+        torch_xla.sync()
+
+    accelerator = Accelerator()
+    net = make_net()
+    model, opt = accelerator.prepare(net, make_optimizer(net))
+
+    def accel_step(zero_grad: Any) -> None:
+        loss = torch.nn.functional.mse_loss(model(x.to(device)), y.to(device))
+        accelerator.backward(loss)
+        opt.step()
+        zero_grad()
+
+    raw = _data_handles_of_a_step(raw_step)
+    assert raw >= len(list(raw_model.parameters())), "the step wrote no parameters"
+    assert _data_handles_of_a_step(lambda: accel_step(opt.zero_grad)) == raw
+    cuts = met.counter_value("MarkStep")
+    for _ in range(3):
+        accel_step(model.zero_grad)  # the prepared optimizer's zero_grad is never called
+    assert met.counter_value("MarkStep") - cuts >= 2, "the steps' graphs were never cut"

@@ -116,6 +116,7 @@ class XLABase(Strategy):
         device = info.device if info.device.type == "xla" else self._xla.device()
         self._device = torch.device(device)
         self._reduced: set[int] = set()  # parameters whose gradients this step reduced
+        self._cut_pending = False  # a step ran and its graph was not cut yet (optimizer_step)
         import torch_xla.debug.profiler
 
         self._profiler = torch_xla.debug.profiler
@@ -181,14 +182,35 @@ class XLABase(Strategy):
         super().clip_grad_value_(params, clip_value)
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, precision: Any) -> bool:
+        """Step, and leave the graph cut (the run of the step's graph) to `zero_grad`.
+
+        A graph cut materializes every live tensor it computed: cut here, while the
+        gradients are still held, the graph would write each parameter's gradient (and the
+        views of it) out as a result, which raw torch-xla's loop never does (its cut comes at
+        the next batch, after `zero_grad` released them). So the cut waits for `zero_grad`;
+        where none comes through the prepared optimizer, the prepared loader's next batch
+        cuts, and failing both, the next optimizer step cuts first (a graph never spans more
+        than two steps)."""
+        if self._cut_pending:
+            self._cut()
         self._reduce(p for g in optimizer.param_groups for p in g["params"])
         stepped = super().optimizer_step(optimizer, precision)
         self._reduced.clear()
-        self._xla.sync()  # the accumulation boundary: run the step's graph
+        self._cut_pending = True
+        return stepped
+
+    def zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool = True) -> None:
+        optimizer.zero_grad(set_to_none=set_to_none)
+        if self._cut_pending:
+            self._cut()
+
+    def _cut(self) -> None:
+        """Run the step's graph (the accumulation boundary)..."""
+        self._cut_pending = False
+        self._xla.sync()
         # ...and tell torch-xla's loader so, or its next batch cuts an empty graph again (the
         # flag its PerDeviceLoader reads, which torch-xla's own step tracer sets)
         self._profiler.set_tracer_marked_step(True)
-        return stepped
 
     # -- state: on the host, so that every engine reads it -------------------------------------
     def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
