@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from accel_cli import ConfigError, build_command, resolve_launch_config, with_rendezvous
+from accel_cli import (
+    ConfigError,
+    build_command,
+    build_env,
+    resolve_launch_config,
+    with_rendezvous,
+)
 from accel_cli._config import load_config_file
 from accel_cli._operators import operator_launch_values
 from accel_cli.main import main
@@ -184,3 +190,14 @@ def test_launch_says_what_it_read_from_the_environment(tmp_path, monkeypatch, ca
     assert "num_machines=2 (PET_NNODES)" in err
     assert main(["config", "show"]) == 0
     assert "num_machines: 2  [environment (PET_NNODES)]" in capsys.readouterr().out
+
+
+def test_torchrun_gets_the_resolved_values_and_not_the_variables_they_came_from():
+    """A flag that accel leaves out would take its default from a PET_ variable: on one
+    machine (a flag overrode the operator's), no --rdzv-backend is passed, and torchrun would
+    rendezvous on the elastic job's c10d endpoint."""
+    res = resolve(ELASTIC, {"num_machines": 1, "num_processes": 2})
+    env = build_env(res.config, {**ELASTIC, "PET_START_METHOD": "fork", "PATH": "/bin"})
+    assert not set(ELASTIC) & set(env)
+    assert env["PET_START_METHOD"] == "fork"  # torchrun's own, which accel does not read
+    assert "--nnodes 1 " in torchrun_args(res.config) and "c10d" not in torchrun_args(res.config)

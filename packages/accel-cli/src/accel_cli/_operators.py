@@ -40,10 +40,11 @@ over its own defaults the same way, and lets a flag win); a config file is writt
 many jobs and cannot know this pod's rank or the job's size. A flag --num_machines (or
 --nnodes) that differs from the operator's count takes the topology in hand, as inside a
 SLURM step: none of the operator's rank, address, processes or rendezvous is taken then, and
-a notice names both values. accelerate's launch (1.x) reads none of these variables for its
-own flags; the torchrun it starts reads the PET_ ones that accelerate leaves unset, so
-PET_NNODES, PET_NODE_RANK and the address reach it, while its own --num_machines (1) and
---num_processes win over the rest.
+a notice names both values. For comparison, accelerate's launch (1.15) reads none of these
+for its own flags: on the same two pods (integration-tests/test_operator_pods.py's), plain
+`accelerate launch --cpu SCRIPT` ran one process per pod, a world of 1, with each operator's
+variables; only the torchrun it starts for several processes takes the PET_ variables that
+accelerate leaves unset (README: "Inside Kubernetes operators' pods").
 
 On one machine (PET_NNODES 1) the rank and the address are not taken: the run rendezvouses on
 loopback as usual. SLURM's variables are `_slurm`'s; where both are set, these win (they are
@@ -86,6 +87,14 @@ PLAIN_FIELDS = {
     "tee": "PET_TEE",
 }
 ENV_NO_PYTHON = "PET_NO_PYTHON"  # torchrun's check_env: an integer, not 0 for true
+# The PET_ variables of the flags read here. The torchrun that `accel launch` starts gets the
+# resolved values as flags and none of these (`_command.build_env`): a flag that accel leaves
+# out (--rdzv-backend on one machine, say) would otherwise take its default from one of them
+# behind the resolution's back.
+READ_VARIABLES = (
+    ENV_NNODES, ENV_NPROC_PER_NODE, ENV_NODE_RANK, ENV_MASTER_ADDR, ENV_MASTER_PORT,
+    ENV_RDZV_ENDPOINT, ENV_NO_PYTHON, *PLAIN_FIELDS.values(),
+)  # fmt: skip
 # What a different --num_machines takes out of the operator's values.
 TOPOLOGY = (
     "num_machines",
@@ -140,12 +149,10 @@ def operator_name(environ: Mapping[str, str]) -> str:
 def _wanted(environ: Mapping[str, str]) -> bool:
     """Whether the environment describes a launch: a PET_ variable of a flag, a PyTorchJob's
     WORLD_SIZE and RANK with an address, or an indexed Job's index with an address."""
-    pet = (ENV_NNODES, ENV_NPROC_PER_NODE, ENV_NODE_RANK, ENV_MASTER_ADDR, ENV_MASTER_PORT,
-           ENV_RDZV_ENDPOINT, ENV_NO_PYTHON, *PLAIN_FIELDS.values())  # fmt: skip
     address = _set(environ, ENV_PLAIN_MASTER_ADDR)
     world = _set(environ, ENV_WORLD_SIZE) and _set(environ, ENV_RANK)
     return (
-        any(_set(environ, n) for n in pet)
+        any(_set(environ, n) for n in READ_VARIABLES)
         or bool(world and address)
         or bool(_set(environ, ENV_JOB_COMPLETION_INDEX) and address)
     )
