@@ -104,6 +104,8 @@ def pods() -> Iterator[Hosts]:
         finally:
             for folder in etc:
                 shutil.rmtree(folder, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                etc[0].parent.rmdir()  # /etc/netns, where nothing else is left in it
 
 
 @pytest.mark.parametrize("operator", sorted(OPERATORS))
