@@ -26,7 +26,7 @@ TRAINJOB = {
 }
 # training-operator v1 before nprocPerNode: one process per pod, WORLD_SIZE = pods
 PYTORCHJOB = {"MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "2", "RANK": "1"}
-# training-operator v1.8, nprocPerNode 2: WORLD_SIZE = pods x 2, RANK the pod's index
+# training-operator with spec.nprocPerNode 2: WORLD_SIZE = pods x 2, RANK the pod's index
 PYTORCHJOB_NPROC = {**PYTORCHJOB, "WORLD_SIZE": "4", "PET_NPROC_PER_NODE": "2",
                     "PET_NODE_RANK": "1", "PET_NNODES": "2"}  # fmt: skip
 ELASTIC = {"PET_RDZV_ENDPOINT": "job-worker-0:23456", "PET_RDZV_BACKEND": "c10d",
@@ -84,6 +84,8 @@ def test_a_pytorchjob_with_nproc_per_node_counts_processes_in_world_size():
     assert resolve(only_world).config.num_machines == 2
     with pytest.raises(ConfigError, match=r"WORLD_SIZE=3 is not a multiple of PET_NPROC_PER_NODE"):
         resolve({**only_world, "WORLD_SIZE": "3"})
+    with pytest.raises(ConfigError, match=r"RANK=2 \(Kubeflow PyTorchJob\) is not below the 2 "):
+        resolve({**PYTORCHJOB, "RANK": "2"})
 
 
 def test_an_elastic_pytorchjob_rendezvouses_on_c10d():

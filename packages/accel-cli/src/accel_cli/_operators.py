@@ -22,8 +22,9 @@ As the operators set them:
   completion index), PET_MASTER_ADDR (`<trainjob>-node-0-0.<trainjob>`), PET_MASTER_PORT.
 - Kubeflow PyTorchJob (training-operator v1), with a Master replica: MASTER_ADDR
   (`<job>-master-0`), MASTER_PORT, RANK (the pod's index: master 0, worker i is i+1) and
-  WORLD_SIZE (pods x nprocPerNode); from v1.8 also PET_NNODES, PET_NODE_RANK and
-  PET_NPROC_PER_NODE (then PET_NNODES wins and WORLD_SIZE is only checked against it). With an
+  WORLD_SIZE (pods x nprocPerNode); releases with spec.nprocPerNode also set PET_NNODES,
+  PET_NODE_RANK and PET_NPROC_PER_NODE (then PET_NNODES wins and WORLD_SIZE is only checked
+  against it). With an
   elasticPolicy: PET_RDZV_ENDPOINT (`<job>-worker-0:PORT`), PET_RDZV_BACKEND (c10d),
   PET_NNODES ("MIN:MAX", or the workers), PET_MAX_RESTARTS.
 - JobSet: an indexed Job gives each pod JOB_COMPLETION_INDEX, its rank among the Job's pods,
@@ -170,9 +171,9 @@ def operator_launch_values(
     names: dict[str, str] = {}
     notices: list[str] = []
 
-    def take(field: str, raw: str, variable: str, shown: str | None = None) -> None:
+    def take(field: str, raw: str, variable: str) -> None:
         values[field] = coerce(field, raw, variable)
-        names[field] = shown or variable
+        names[field] = variable
 
     for field, variable in PLAIN_FIELDS.items():
         if _set(environ, variable):
@@ -188,6 +189,12 @@ def operator_launch_values(
     if rank_variable is not None:
         take("machine_rank", environ[rank_variable], rank_variable)
     _address(environ, take, plain=machines is not None or rank_variable is not None)
+    if rank_variable is not None and machines is not None and values["machine_rank"] >= machines[1]:
+        raise ConfigError(
+            f"{rank_variable}={environ[rank_variable]} ({source}) is not below the "
+            f"{machines[1]} machines that {names['num_machines']} gives: a pod's rank runs from "
+            f"0 to the machines - 1. Fix the manifest, or pass --machine_rank and --num_machines."
+        )
     if machines is not None and machines[1] == 1:  # one machine: rendezvous on loopback
         for field in ("machine_rank", "main_process_ip", "main_process_port"):
             values.pop(field, None)
