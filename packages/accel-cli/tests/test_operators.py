@@ -115,6 +115,13 @@ def test_a_jobset_pod_takes_its_rank_from_the_completion_index():
     assert operator_launch_values({"MASTER_ADDR": "localhost", "MASTER_PORT": "1"}) is None
 
 
+def test_a_launchers_worker_is_not_a_pod():
+    """torchrun's workers have RANK, WORLD_SIZE and MASTER_ADDR too: an `accel launch` that
+    one of them starts is not a PyTorchJob's pod."""
+    assert operator_launch_values({**PYTORCHJOB, "LOCAL_RANK": "0"}) is None
+    assert operator_launch_values({**PYTORCHJOB, "TORCHELASTIC_RUN_ID": "none"}) is None
+
+
 def test_a_flag_wins_over_the_environment_which_wins_over_the_file(tmp_path):
     path = tmp_path / "cfg.yaml"
     path.write_text("num_machines: 1\nmain_process_port: 1111\nmixed_precision: bf16\n")

@@ -12,6 +12,8 @@ same way for its own flags, plus the variables of the operators that predate the
                        times the machines; 1 per pod where WORLD_SIZE gave the machines
     machine_rank       PET_NODE_RANK; else RANK (a PyTorchJob's pod index, with WORLD_SIZE);
                        else JOB_COMPLETION_INDEX (an indexed Job's, with an address below)
+    (WORLD_SIZE and RANK are not read where LOCAL_RANK or TORCHELASTIC_RUN_ID says that this
+    is a launcher's worker: an `accel launch` started by a torchrun worker is no pod.)
     main_process_ip,   PET_RDZV_ENDPOINT (HOST:PORT); else PET_MASTER_ADDR, PET_MASTER_PORT;
     main_process_port  else MASTER_ADDR, MASTER_PORT
     rdzv_backend, rdzv_id, rdzv_conf, max_restarts, monitor_interval, role, log_dir, tee,
@@ -73,6 +75,9 @@ ENV_WORLD_SIZE = "WORLD_SIZE"
 ENV_RANK = "RANK"
 ENV_PLAIN_MASTER_ADDR = "MASTER_ADDR"
 ENV_PLAIN_MASTER_PORT = "MASTER_PORT"
+# Set for a launcher's worker (torchrun's), never by an operator: there RANK and WORLD_SIZE
+# are a worker's, and an `accel launch` started by that worker is not a pod of a job.
+WORKER_VARIABLES = ("LOCAL_RANK", "TORCHELASTIC_RUN_ID")
 # An indexed Job's (JobSet's) pod index.
 ENV_JOB_COMPLETION_INDEX = "JOB_COMPLETION_INDEX"
 
@@ -111,6 +116,8 @@ _PER_NODE_WORDS = ("auto", "gpu", "cpu")
 
 
 def _set(environ: Mapping[str, str], name: str) -> str | None:
+    if name in (ENV_WORLD_SIZE, ENV_RANK) and any(environ.get(n) for n in WORKER_VARIABLES):
+        return None  # a worker's rank and world, not a pod's
     value = environ.get(name, "").strip()
     return value or None
 
