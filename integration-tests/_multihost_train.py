@@ -1,5 +1,6 @@
 """The familiar loop on one engine, launched by test_multihost.py on separate network hosts
-(`accel launch` in each host's network namespace); rank 0 writes the final weights.
+(`accel launch` in each host's network namespace); rank 0 writes the final weights, or every
+process does where OUT names its place for the rank (`state.{rank}.pt`: test_operator_pods.py).
 
     python _multihost_train.py ddp|fsdp2|zero2 OUT.pt
 
@@ -82,14 +83,14 @@ def train(engine: str, out: str) -> None:
         opt.step()
         opt.zero_grad()
     state = {k: v.detach().float().cpu().clone() for k, v in acc.get_state_dict(model).items()}
-    if acc.is_main_process:
+    if acc.is_main_process or "{rank}" in out:
         torch.save(
             {
                 "state": state,
                 "world": acc.num_processes,
                 "gloo": os.environ.get("GLOO_SOCKET_IFNAME"),
             },
-            out,
+            out.format(rank=acc.process_index),
         )
     acc.end_training()
 

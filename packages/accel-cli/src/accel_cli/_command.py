@@ -38,6 +38,7 @@ from accel_cli._environment import (
     NCCL_TRACE_ENTRIES,
 )
 from accel_cli._launch_config import LaunchConfig
+from accel_cli._operators import READ_VARIABLES as OPERATOR_VARIABLES
 
 DEFAULT_MAIN_PROCESS_PORT = 29500
 LOOPBACK = "127.0.0.1"
@@ -225,8 +226,11 @@ def build_env(
     Threads: `num_cpu_threads_per_process` when given; else an inherited OMP_NUM_THREADS is
     kept; else CPU runs of several processes split `cpu_cores` between them and accelerator
     runs use 1 thread per process (torchrun's own default, without its warning banner).
+
+    The PET_ variables that the resolution read (`_operators.READ_VARIABLES`) are left out:
+    torchrun gets their resolved values as flags.
     """
-    env = dict(environ)
+    env = {k: v for k, v in environ.items() if k not in OPERATOR_VARIABLES}
     env[ENV_ACCEL_CONFIG] = json.dumps(config.to_worker_dict(), sort_keys=True)
     if config.debug:
         env[ENV_DEBUG_MODE] = "1"

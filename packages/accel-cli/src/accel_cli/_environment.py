@@ -1,9 +1,10 @@
 """The environment variables accel-cli reads or writes, named once.
 
 The launcher reads only `ACCEL_CONFIG_FILE`, `XDG_CONFIG_HOME`, `OMP_NUM_THREADS` and
-`ACCEL_USE_CPU` / `ACCELERATE_USE_CPU`, and
-writes only what torchrun needs plus the variables below, so a worker sees one resolved
-configuration instead of dozens of variables.
+`ACCEL_USE_CPU` / `ACCELERATE_USE_CPU`, besides the launch's topology where a scheduler or an
+operator sets it (SLURM's variables: `_slurm`; a Kubernetes operator's, torchrun's PET_ ones
+among them: `_operators`), and writes only what torchrun needs plus the variables below, so a
+worker sees one resolved configuration instead of dozens of variables.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """Resolve one launch configuration from flags, a config file and defaults.
 
-Precedence: a flag > the config file in effect > the defaults below. Where a flag contradicts
-the file, the flag wins and a one-line notice names both values.
+Precedence: a flag > the scheduler's or operator's environment (a SLURM step: `_slurm`; a
+Kubernetes operator's pod: `_operators`, which says why) > the config file in effect > the
+defaults below. Where a flag contradicts the environment or the file, or the environment
+the file, the one higher up wins and a one-line notice names both values.
 
 The result is a `LaunchConfig` (see `_launch_config`, which also describes what the
 workers receive); `check_launch` then refuses what accel does not provide.
@@ -27,51 +29,103 @@ _GPU_IDS = re.compile(r"^\d+(,\d+)*$")
 
 
 @dataclasses.dataclass(frozen=True)
+class FromEnvironment:
+    """Launch values that a scheduler's or an operator's environment variables give."""
+
+    source: str  # who set them, for messages: "the SLURM allocation", "Kubeflow TrainJob"
+    values: Mapping[str, Any]  # LaunchConfig fields (num_machines may be "MIN:MAX")
+    # field -> the variable(s) it was read from, for the "from the environment" line
+    variables: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    kind: str = "environment"  # the Resolution.sources tag of these values
+    per_node: int | None = None  # processes per machine: num_processes = this x machines
+    notices: tuple[str, ...] = ()
+    # what to say when neither a flag nor the file gives num_machines, which these need
+    needs_machines: str | None = None
+    # fields a flag num_machines other than these values' takes out with it
+    topology: tuple[str, ...] = ()
+
+    def named(self, name: str) -> str:
+        """`name`'s origin in a message: "PET_NNODES (Kubeflow TrainJob)" or the source."""
+        variable = self.variables.get(name)
+        return f"{variable} ({self.source})" if variable else self.source
+
+
+@dataclasses.dataclass(frozen=True)
 class Resolution:
     """A resolved config, where each value came from, and the notices to print."""
 
     config: LaunchConfig
-    sources: dict[str, str]  # field -> "flag", "slurm", "file" or "default"
+    sources: dict[str, str]  # field -> "flag", "slurm", "environment", "file" or "default"
     notices: list[str]
+    environment: FromEnvironment | None = None
+
+    def environment_line(self) -> str | None:
+        """ "from the environment (SOURCE): name=value (VARIABLE), ..." for the values taken
+        from named variables (None where none was)."""
+        env = self.environment
+        if env is None:
+            return None
+        taken = [
+            f"{name}={self._shown(name)} ({env.variables[name]})"
+            for name in (f.name for f in dataclasses.fields(LaunchConfig))
+            if self.sources[name] == env.kind and name in env.variables
+        ]
+        return f"from the environment ({env.source}): {', '.join(taken)}" if taken else None
+
+    def _shown(self, name: str) -> str:
+        if name == "num_machines":
+            return self.config.nnodes  # "MIN:MAX" for an elastic run
+        return _show(getattr(self.config, name))
 
 
 def resolve_launch_config(
     flags: Mapping[str, Any],
     file: ConfigFile | None = None,
-    slurm: Mapping[str, Any] | None = None,
+    environment: FromEnvironment | None = None,
 ) -> Resolution:
-    """Merge flags (only those the user gave) over the SLURM allocation's values (see
-    `_slurm`) over a config file over the defaults.
+    """Merge flags (only those the user gave) over the values of the scheduler's or the
+    operator's environment (see `_slurm`, `_operators`) over a config file over the defaults.
 
     Besides the fields, `flags` may hold torchrun's spellings (`TORCHRUN_SPELLINGS`):
     nnodes ("N" or "MIN:MAX"), nproc_per_node and rdzv_endpoint ("HOST:PORT")."""
-    flags = _from_torchrun_spellings(flags, file, slurm or {})
+    from_env = dict(environment.values) if environment is not None else {}
+    flags = _from_torchrun_spellings(flags, file, from_env)
     unknown = set(flags) - {f.name for f in dataclasses.fields(LaunchConfig)}
     assert not unknown, f"not LaunchConfig fields: {unknown}"
-    slurm = slurm or {}
     file_values = dict(file.values) if file is not None else {}
     if file_values.get("num_processes") == -1:  # accelerate's "not set"
         del file_values["num_processes"]
+    notices: list[str] = list(environment.notices) if environment is not None else []
+    if environment is not None:
+        from_env = _environment_values(environment, flags, file_values, notices)
     chosen: dict[str, Any] = {}
     sources: dict[str, str] = {}
-    notices: list[str] = []
     given = [
-        f.name for f in dataclasses.fields(LaunchConfig) if f.name in {*flags, *slurm, *file_values}
+        f.name
+        for f in dataclasses.fields(LaunchConfig)
+        if f.name in {*flags, *from_env, *file_values}
     ]
     for name in given:  # in field order, so notices come out in a stable order
-        if name not in flags and name in slurm:
-            chosen[name], sources[name] = slurm[name], "slurm"
+        if name not in flags and name in from_env:
+            assert environment is not None
+            chosen[name], sources[name] = from_env[name], environment.kind
             if name in file_values:
                 key = _FIELD_TO_KEY[name]
                 from_file = coerce(name, file_values[name], f"{key} in {str(file.path)!r}")
-                if from_file != slurm[name]:
+                if from_file != from_env[name]:
                     notices.append(
-                        f"the SLURM allocation sets {name} {_show(slurm[name])} over {key}: "
-                        f"{_show(from_file)} from {file.path}"
+                        f"{environment.named(name)} sets {name} {_show(from_env[name])} over "
+                        f"{key}: {_show(from_file)} from {file.path}"
                     )
         elif name in flags:
             value = coerce(name, flags[name], f"--{name}")
             chosen[name], sources[name] = value, "flag"
+            if name in from_env and from_env[name] != value:
+                assert environment is not None
+                notices.append(
+                    f"--{name} {_show(value)} overrides {name} {_show(from_env[name])} from "
+                    f"{environment.named(name)}"
+                )
             if name in file_values:
                 key = _FIELD_TO_KEY[name]
                 from_file = coerce(name, file_values[name], f"{key} in {str(file.path)!r}")
@@ -103,7 +157,39 @@ def resolve_launch_config(
             f"of machines in the range, but a machine lost ends it; pass --max_restarts N to go "
             f"on with the others"
         )
-    return Resolution(config, sources, notices)
+    return Resolution(config, sources, notices, environment)
+
+
+def _environment_values(
+    environment: FromEnvironment,
+    flags: Mapping[str, Any],
+    file_values: Mapping[str, Any],
+    notices: list[str],
+) -> dict[str, Any]:
+    """The environment's values that apply beside these flags and file values: a flag
+    num_machines other than the environment's takes its topology out (with a notice); the
+    processes per machine become num_processes; an error where the environment needs a
+    number of machines that nothing gives."""
+    values = dict(environment.values)
+    per_node = environment.per_node
+    if "num_machines" in flags and "num_machines" in values:
+        ours = coerce("num_machines", flags["num_machines"], "--num_machines")
+        if ours != values["num_machines"]:
+            notices.append(
+                f"--num_machines {ours} overrides num_machines {values['num_machines']} from "
+                f"{environment.named('num_machines')}, and with it the rank, address and "
+                f"processes read there: this launch forms its own world of {ours} machine(s). "
+                f"Drop --num_machines (and --nnodes) to join the job's world."
+            )
+            values = {k: v for k, v in values.items() if k not in environment.topology}
+            per_node = None
+    if environment.needs_machines and not {"num_machines"} & {*flags, *values, *file_values}:
+        raise ConfigError(environment.needs_machines)
+    if per_node is not None:
+        machines = flags.get("num_machines", values.get("num_machines"))
+        machines = file_values.get("num_machines", 1) if machines is None else machines
+        values["num_processes"] = per_node * machine_range(machines, "num_machines")[1]
+    return values
 
 
 # torchrun's names for what accelerate's flags say, accepted beside them.
@@ -127,7 +213,7 @@ def machine_range(value: Any, where: str) -> tuple[int | None, int]:
 
 
 def _from_torchrun_spellings(
-    flags: Mapping[str, Any], file: ConfigFile | None, slurm: Mapping[str, Any]
+    flags: Mapping[str, Any], file: ConfigFile | None, environment: Mapping[str, Any]
 ) -> dict[str, Any]:
     """`flags` with torchrun's --nnodes, --nproc_per_node and --rdzv_endpoint turned into the
     fields they set; an error where they contradict accelerate's spelling of the same."""
@@ -158,7 +244,7 @@ def _from_torchrun_spellings(
         if per_node < 1:
             raise ConfigError(f"--nproc_per_node={per_node}: expected at least 1.")
         file_values = file.values if file is not None else {}
-        machines = out.get("num_machines", slurm.get("num_machines"))
+        machines = out.get("num_machines", environment.get("num_machines"))
         machines = file_values.get("num_machines", 1) if machines is None else machines
         _, most = machine_range(machines, "num_machines")
         put("num_processes", per_node * most, "--nproc_per_node")

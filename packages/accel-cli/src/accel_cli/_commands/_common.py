@@ -24,7 +24,11 @@ def load(config_file: str | None, environ: Mapping[str, str]) -> ConfigFile | No
 
 
 def report(file: ConfigFile | None, resolution: Resolution, quiet: bool) -> None:
-    """Say which file was read (unless `quiet`) and every notice of the resolution."""
+    """Say which file was read and which values the environment gave (unless `quiet`), and
+    every notice of the resolution."""
+    line = resolution.environment_line()
+    if line is not None and not quiet:
+        say(line)
     if file is not None and not quiet:
         say(f"using config file {file.path} ({file.origin})")
         if file.noted:

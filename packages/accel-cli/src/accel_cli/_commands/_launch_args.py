@@ -16,7 +16,10 @@ from typing import Any
 
 from accel_cli import _flags, _schema
 from accel_cli._argparse import CustomHelpFormatter
+from accel_cli._command import visible_gpus
 from accel_cli._commands._common import add_flag
+from accel_cli._operators import operator_launch_values
+from accel_cli._resolve import FromEnvironment
 from accel_cli._slurm import slurm_launch_values
 
 # Launch flags that map to a LaunchConfig field: (flag name, type, help).
@@ -203,12 +206,17 @@ def launch_values(args: argparse.Namespace, names: tuple[str, ...]) -> dict[str,
     return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
 
 
-def slurm_values(flags: Mapping[str, object]) -> dict[str, object]:
-    """The SLURM allocation's machines, unless --num_machines (or --nnodes) takes the topology
-    in hand."""
+def environment_values(flags: Mapping[str, object]) -> FromEnvironment | None:
+    """What the environment says of the launch: a Kubernetes operator's variables (torchrun's
+    PET_ ones and the others `_operators` reads), else the SLURM allocation's machines unless
+    --num_machines (or --nnodes) takes the topology in hand; None where neither is set."""
+    found = operator_launch_values(os.environ, gpus=lambda: visible_gpus(os.environ))
+    if found is not None:
+        return found
     if "num_machines" in flags or "nnodes" in flags:
-        return {}
-    return slurm_launch_values(os.environ)
+        return None
+    slurm = slurm_launch_values(os.environ)
+    return FromEnvironment("the SLURM allocation", slurm, kind="slurm") if slurm else None
 
 
 @functools.lru_cache(maxsize=1)

@@ -15,8 +15,8 @@ from accel_cli._commands._launch_args import (
     LAUNCH_FIELDS,
     LAUNCH_FLAGS,
     METAVARS,
+    environment_values,
     launch_values,
-    slurm_values,
 )
 from accel_cli._config import (
     ConfigError,
@@ -172,7 +172,7 @@ def show(args: argparse.Namespace) -> int:
     """`accel config show`: every resolved value and where it comes from."""
     flags = launch_values(args, LAUNCH_FIELDS)
     file = load(args.config_file, os.environ)
-    resolution = resolve_launch_config(flags, file, slurm_values(flags))
+    resolution = resolve_launch_config(flags, file, environment_values(flags))
     shown = shown_values(resolution, file, os.environ)
     if args.json:
         where = None if file is None else {"path": str(file.path), "origin": file.origin}
@@ -204,6 +204,9 @@ def shown_values(
         if name in ("handed_down", "explicit"):
             continue
         source = resolution.sources[name]
+        variable = resolution.environment and resolution.environment.variables.get(name)
+        if source == "environment" and variable:
+            source = f"environment ({variable})"
         if name == "config_file" and file is not None and file.origin.startswith("$"):
             source = f"environment ({file.origin[1:]})"
         threads = environ.get(ENV_OMP_NUM_THREADS, "")

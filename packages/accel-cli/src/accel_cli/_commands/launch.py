@@ -25,10 +25,10 @@ from accel_cli._commands._launch_args import (
     FIELD_FLAGS,
     LAUNCH_FIELDS,
     add_launch_arguments,
+    environment_values,
     given_view,
     launch_parser_kwargs,
     launch_values,
-    slurm_values,
 )
 from accel_cli._config import ConfigError, ConfigFile
 from accel_cli._deepspeed import uses_deepspeed_runner
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         flags.update(on_cpu)
         if on_cpu.get("cpu"):  # no GPU here: --multi_gpu means several CPU processes
             flags.pop("multi_gpu")
-    resolution = resolve_launch_config(flags, file, slurm_values(flags))
+    resolution = resolve_launch_config(flags, file, environment_values(flags))
     check_launch(resolution.config, given, file)
     report(file, resolution, args.quiet)
     config = with_rendezvous(
