@@ -354,6 +354,8 @@ def main() -> None:
         return
     if not hf:
         print("(accelerate not importable: run with --group bench to compare)")
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"load average (1, 5, 15 min) {load}")
     print(f"torch {torch.__version__}, CPU, {args.clock} clock, {args.threads} thread(s) in 1 process, "
           f"1 thread per process under DDP; pre-made tensor batches, AdamW, cross-entropy, "
           f"gradient accumulation {args.accumulation}")  # fmt: skip
@@ -374,6 +376,7 @@ def main() -> None:
             ),
         }
     verdicts(single, ddp, args.rounds)
+    print(f"load average at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":
