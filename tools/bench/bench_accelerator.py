@@ -27,7 +27,10 @@ the table gives the median microseconds per step over the rounds, the median of 
 ratios to raw, and accel's overhead as a fraction of accelerate's. Before timing, the warm-up
 steps check that every variant trained its copy of the model to the same weights as raw.
 Times are wall-clock by default; on a machine shared with other jobs, `--clock cpu` (this
-process's CPU time) leaves out the waits for a core and gives much steadier ratios.
+process's CPU time) leaves out the waits for a core and gives much steadier ratios. The run
+prints the load average, and a warning where the quartiles of the tiny step's per-round ratio
+are wider apart than the 3% its target tests: then the verdict is noise, and
+tools/bench/bench_step_overhead.py's exact call counts and CPU time are the figures to read.
 """
 
 from __future__ import annotations
