@@ -37,7 +37,7 @@ from accel._mesh_mixin import MeshMixin
 from accel._prepare_mixin import PrepareMixin, devices_of_dispatched
 from accel._stopping import StoppingMixin
 from accel._tracking_mixin import TrackingMixin
-from accel._wrappers import AcceleratedOptimizer, AcceleratedScheduler, runs_base
+from accel._wrappers import AcceleratedOptimizer, AcceleratedScheduler, plain_backward
 from accel_data import DataLoaderConfiguration, skip_first_batches
 from accel_state import DistributedType, ProcessControl, device_entry, resolved_launch_config
 
@@ -162,7 +162,7 @@ class Accelerator(
             sharded=self.strategy.sharded,
         )
         self.strategy.attach_precision(self.precision)
-        self._plain_backward = _plain_backward(self.strategy, self.precision)
+        self._plain_backward = plain_backward(self.strategy, self.precision)
         self.dynamo_plugin = resolve_dynamo_plugin(
             dynamo_backend, dynamo_plugin, launched.get("dynamo_config") or {}
         )
@@ -287,7 +287,7 @@ class Accelerator(
         if scale and steps > 1:
             loss = loss / steps
         if self._plain_backward:  # what the strategy's and the precision's come down to
-            loss.backward(**kwargs)
+            loss.backward(**kwargs) if kwargs else loss.backward()
         else:
             self.strategy.backward(loss, self.precision.backward, **kwargs)
         if self._step_metrics is not None:
@@ -299,13 +299,20 @@ class Accelerator(
         """One micro-batch: gradients sync (and the optimizer steps) every N micro-batches and
         on the last batch of the dataloader; in between, `no_sync` skips the all-reduce.
 
-        Called once per step, so it avoids generator-based context managers (a measurable
-        share of a tiny model's step)."""
-        gradient_state = self.gradient_state
-        gradient_state.advance()
-        if gradient_state.sync_gradients or not models or not self.strategy.supports_no_sync:
-            return _NULL_CONTEXT
-        if gradient_state.plugin.sync_each_batch:
+        Called once per micro-batch, so it decides in place (no call into the gradient state
+        unless a dataloader is being iterated) and returns no generator-based context manager
+        (tools/bench/bench_step_overhead.py counts its calls)."""
+        state = self.gradient_state
+        plugin = state.plugin
+        if state._active_refs and plugin.sync_with_dataloader and state.end_of_dataloader:
+            state.step = state.micro_step = 0
+            state.sync_gradients = sync = True
+        else:
+            step = state.step + 1
+            state.micro_step += 1
+            state.sync_gradients = sync = step % plugin.num_steps == 0
+            state.step = 0 if sync else step
+        if sync or not models or plugin.sync_each_batch or not self.strategy.supports_no_sync:
             return _NULL_CONTEXT
         from accel_parallel import no_sync_all
 
@@ -555,19 +562,6 @@ def _autocast_with(precision: Any, handler: Any) -> Iterator[Any]:
             yield ctx
     finally:
         precision.autocast_kwargs = saved
-
-
-def _plain_backward(strategy: Any, precision: Any) -> bool:
-    """Whether the backward is the loss's own: the strategy's default backward (no engine's)
-    and a precision without a loss scaler. Decided once, with the strategy and precision."""
-    from accel_parallel import Strategy
-    from accel_precision import Precision
-
-    return (
-        runs_base(strategy, Strategy, "backward")
-        and precision.scaler is None
-        and runs_base(precision, Precision, "backward")
-    )
 
 
 def _xla_placement(cpu: bool | None, strategy: Any) -> dict[str, Any]:

@@ -150,20 +150,6 @@ class GradientState:
                 self.active_dataloaders = loaders
                 break
 
-    def advance(self) -> None:
-        """Called once per micro-batch by `Accelerator.accumulate`: decide whether to sync."""
-        plugin = self.plugin
-        iterating = self.__dict__.get("_active_refs")  # no loader: no property to run
-        if iterating and plugin.sync_with_dataloader and self.end_of_dataloader:
-            self.step = self.micro_step = 0
-            self.sync_gradients = True
-        else:
-            self.step += 1
-            self.micro_step += 1
-            self.sync_gradients = self.step % plugin.num_steps == 0
-            if self.sync_gradients:
-                self.step = 0
-
     def state_dict(self) -> dict[str, Any]:
         return {
             "step": self.step,

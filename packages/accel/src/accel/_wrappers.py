@@ -20,6 +20,19 @@ def runs_base(obj: Any, base: type, *methods: str) -> bool:
     )
 
 
+def plain_backward(strategy: Any, precision: Any) -> bool:
+    """Whether the backward is the loss's own: the strategy's default backward (no engine's)
+    and a precision without a loss scaler. Decided once, with the strategy and precision."""
+    from accel_parallel import Strategy
+    from accel_precision import Precision
+
+    return (
+        runs_base(strategy, Strategy, "backward")
+        and precision.scaler is None
+        and runs_base(precision, Precision, "backward")
+    )
+
+
 class AcceleratedOptimizer(torch.optim.Optimizer):
     """Wraps the user's optimizer. `step` runs on sync steps only, through the precision
     object (which unscales and skips the step on an fp16 overflow); `zero_grad` likewise."""
