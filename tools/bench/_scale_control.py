@@ -38,6 +38,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from accel_cli._launch_config import LaunchConfig
+from accel_cli._preflight import host_facts, report, run_preflight
+from accel_state import hosts
+from accel_state._environment import LaunchInfo
+from accel_state._store import attempt_store
+from accel_state._watchdog import HOST_KEY, HangDoctor
 from accel_testkit.scale import (
     CountingStore,
     LineClients,
@@ -47,13 +53,6 @@ from accel_testkit.scale import (
     raise_fd_limit,
     silent_address,
 )
-
-from accel_cli._launch_config import LaunchConfig
-from accel_cli._preflight import host_facts, report, run_preflight
-from accel_state import hosts
-from accel_state._environment import LaunchInfo
-from accel_state._store import attempt_store
-from accel_state._watchdog import HOST_KEY, HangDoctor
 
 RANKS_PER_HOST = 8
 HANG_TIMEOUT = 0.5
@@ -70,7 +69,7 @@ def _free_port() -> int:
 # -- the preflight --------------------------------------------------------------------------
 def preflight_world(n: int, duplicate: bool = False) -> dict[str, Any]:
     """Machine 0's real preflight with N-1 simulated launchers; the figures and the outcome."""
-    raise_fd_limit(2 * n + 1024)
+    raise_fd_limit(n + 1024)  # the clients have a process (and a limit) of their own
     port = _free_port()
     config = LaunchConfig(
         num_processes=n,
@@ -120,6 +119,7 @@ def preflight_world(n: int, duplicate: bool = False) -> dict[str, Any]:
         "errors": Counter(r.error.split(":")[0] for r in results if r.error),
         "printed": printed,
         "answered": len(answered),
+        "results": results,
     }
 
 
@@ -128,7 +128,9 @@ def _preflight(n: int) -> dict[str, Any]:
     fatal = [p for p in world["outcome"].problems if p.fatal]
     sizes = world["answer_bytes"] or [0]
     longest = max(len(line) for line in world["printed"])
-    failed = f"FAILED: {len(fatal)} fatal, clients {dict(world['errors'])}; " if fatal else ""
+    failed = (
+        f"FAILED: {fatal[0].line()[:160]!r}, clients {dict(world['errors'])}; " if fatal else ""
+    )
     return {
         "coordinator_s": world["coordinator_s"],
         "bytes": world["bytes"],
@@ -141,8 +143,8 @@ def _preflight(n: int) -> dict[str, Any]:
 
 def _preflight_dup(n: int) -> dict[str, Any]:
     world = preflight_world(n, duplicate=True)
-    named = [p for p in world["outcome"].problems if p.host == f"machine_rank {n - 2}"]
-    assert named and "claimed by 2" in named[0].message, world["outcome"].problems
+    named = f'"machine_rank {n - 2}", "message": "claimed by 2'
+    assert any(named in r.answer.decode() for r in world["results"]), world["outcome"]
     sizes = world["answer_bytes"] or [0]
     longest = max(len(line) for line in world["printed"])
     return {

@@ -5,8 +5,8 @@ The code under measure is real (the caller passes it in); only the other machine
 are simulated, each by what it leaves where accel's code looks for it:
 
 - `raise_fd_limit`: one socket per simulated machine, so the file limit goes to what is needed.
-- `LineClients`: N launchers of other machines, asyncio clients each from its own loopback
-  address (127.0.0.0/8), speaking a line protocol: connect (again while refused), read the
+- `LineClients`: N launchers of other machines, asyncio clients (in a child process) each
+  from its own loopback address (127.0.0.0/8), speaking a line protocol: connect (again while refused), read the
   server's greeting line, send one line, read the answer line. Per client: bytes, time.
 - `loopback_store` and `CountingStore`: a real TCPStore (torch's libuv server) and a wrapper
   that counts each operation and each key read through it.
@@ -25,8 +25,11 @@ import collections
 import contextlib
 import dataclasses
 import errno
+import json
+import os
 import resource
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -36,8 +39,8 @@ from typing import Any
 __all__ = [
     "ClientResult",
     "CountingStore",
-    "OpenCounter",
     "LineClients",
+    "OpenCounter",
     "loopback_address",
     "loopback_store",
     "raise_fd_limit",
@@ -81,7 +84,7 @@ class ClientResult:
 
 
 async def _client(
-    index: int, port: int, line: bytes, clients: LineClients, start: asyncio.Event
+    index: int, port: int, line: bytes, clients: _Clients, start: asyncio.Event
 ) -> ClientResult:
     result = ClientResult()
     await start.wait()
@@ -128,13 +131,14 @@ async def _client(
 
 
 class LineClients:
-    """One client per line, in an asyncio loop on a thread of its own, each from its own
-    loopback address: `go()` lets them all connect to 127.0.0.1:`port` at once; `stop()`
-    makes those still refused give up; `join()` returns one ClientResult per line, in order.
-    `limit`: the longest answer line a client reads; `timeout`: seconds each may take. As a
-    launcher does, a connection attempt gives up after `connect_timeout` s and is tried again,
-    and a client gives up after `give_up_silent` s of attempts that got no answer at all (not
-    even a refusal)."""
+    """One client per line, in a child process of their own (its own file limit and
+    interpreter lock, so that the clients' work does not slow the server under measure):
+    `go()` lets them all connect to 127.0.0.1:`port` at once; `stop()` makes those still
+    refused give up; `join()` returns one ClientResult per line, in order. `limit`: the
+    longest answer line a client reads; `timeout`: seconds each may take. As a launcher does,
+    a connection attempt gives up after `connect_timeout` s and is tried again, and a client
+    gives up after `give_up_silent` s of attempts that got no answer at all (not even a
+    refusal)."""
 
     def __init__(
         self,
@@ -149,34 +153,99 @@ class LineClients:
         self.port, self.lines, self.timeout, self.limit = port, list(lines), timeout, limit
         self.connect_timeout, self.give_up_silent = connect_timeout, give_up_silent
         self.stopped = threading.Event()
-        self._go = threading.Event()
-        self._ready = threading.Event()
-        self.results: list[ClientResult] = []
-        self._thread = threading.Thread(target=asyncio.run, args=(self._run(),), daemon=True)
-        self._thread.start()
-        self._ready.wait()
+        settings = [port, timeout, limit, connect_timeout, give_up_silent]
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "accel_testkit.scale", *map(str, settings)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        for line in self.lines:
+            assert line.endswith(b"\n") and line.count(b"\n") == 1, "one line each"
+            self._proc.stdin.write(line)
+        self._proc.stdin.write(b"\n")
+        self._proc.stdin.flush()
+        ready = self._proc.stdout.readline()
+        assert ready == b"ready\n", ready
 
-    async def _run(self) -> None:
-        start = asyncio.Event()
-        tasks = [
-            asyncio.ensure_future(_client(i, self.port, line, self, start))
-            for i, line in enumerate(self.lines)
-        ]
-        self._ready.set()
-        await asyncio.get_running_loop().run_in_executor(None, self._go.wait)
-        start.set()
-        self.results.extend(await asyncio.gather(*tasks))
+    def _say(self, word: bytes) -> None:
+        assert self._proc.stdin is not None
+        with contextlib.suppress(OSError):
+            self._proc.stdin.write(word + b"\n")
+            self._proc.stdin.flush()
 
     def go(self) -> None:
-        self._go.set()
+        self._say(b"go")
 
     def stop(self) -> None:
-        self.stopped.set()
+        self._say(b"stop")
 
     def join(self) -> list[ClientResult]:
-        self._go.set()
-        self._thread.join()
-        return self.results
+        self.go()
+        out, _ = self._proc.communicate(timeout=self.timeout + 60)
+        rows = json.loads(out)
+        return [
+            ClientResult(**{**row, "greeting": row["greeting"].encode(),
+                            "answer": row["answer"].encode()})
+            for row in rows
+        ]  # fmt: skip
+
+
+def _serve_clients(argv: list[str]) -> None:
+    """The child of LineClients: read the lines (an empty one ends them), say "ready", start
+    the clients at "go", make the refused ones give up at "stop", print the results."""
+    port, timeout, limit = int(argv[0]), float(argv[1]), int(argv[2])
+    lines = []
+    for line in sys.stdin.buffer:
+        if line == b"\n":
+            break
+        lines.append(line)
+    raise_fd_limit(len(lines) + 256)
+    clients = _Clients(port, timeout, limit, float(argv[3]), float(argv[4]))
+    go = threading.Event()
+
+    def commands() -> None:
+        for word in sys.stdin.buffer:
+            if word.strip() == b"go":
+                go.set()
+            if word.strip() == b"stop":
+                clients.stopped.set()
+        go.set()
+
+    async def run() -> list[ClientResult]:
+        start = asyncio.Event()
+        tasks = [
+            asyncio.ensure_future(_client(i, port, line, clients, start))
+            for i, line in enumerate(lines)
+        ]
+        sys.stdout.write("ready\n")
+        sys.stdout.flush()
+        await asyncio.get_running_loop().run_in_executor(None, go.wait)
+        start.set()
+        return list(await asyncio.gather(*tasks))
+
+    threading.Thread(target=commands, daemon=True).start()
+    results = asyncio.run(run())
+    rows = [
+        {**dataclasses.asdict(r), "greeting": r.greeting.decode(errors="replace"),
+         "answer": r.answer.decode(errors="replace")}
+        for r in results
+    ]  # fmt: skip
+    sys.stdout.write(json.dumps(rows))
+    sys.stdout.flush()
+    os._exit(0)  # not waiting for the thread that reads stdin
+
+
+@dataclasses.dataclass
+class _Clients:
+    """The settings the clients of one LineClients share."""
+
+    port: int
+    timeout: float
+    limit: int
+    connect_timeout: float
+    give_up_silent: float
+    stopped: threading.Event = dataclasses.field(default_factory=threading.Event)
 
 
 def loopback_store() -> Any:
@@ -272,3 +341,7 @@ class OpenCounter:
 
     def __exit__(self, *_: object) -> None:
         OpenCounter._active.remove(self)
+
+
+if __name__ == "__main__":
+    _serve_clients(sys.argv[1:])
