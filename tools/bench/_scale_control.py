@@ -186,13 +186,14 @@ def _rendezvous(n: int) -> dict[str, Any]:
         time.sleep(watched)
         doctor.stop()
     polls = sum(counting.ops.values()) - init_ops
+    every = doctor.notice_every
     return {
         "per_rank_s": per_rank,
         "store_ops": init_ops,
         "note": (
             f"per rank at start: {init_ops} store op(s) by the hang doctor, "
-            f"{keys_added / sample:.2f} key(s) by the client; then {polls / watched:.0f} "
-            f"notice polls/s per rank ({polls / watched * n:.0f}/s at the store)"
+            f"{keys_added / sample:.2f} key(s) by the client; then a notice look every "
+            f"{every:.2f} s per rank ({polls} in {watched:g} s), {n / every:.0f}/s at the store"
         ),
     }
 
@@ -306,8 +307,8 @@ def _hang_doctor(n: int) -> dict[str, Any]:
         "files": world["opened"]["rank0"],
         "note": (
             f"N ranks, {len(world['lost'])} lost; reads rank 0 {rank0.reads} ({rank0.keys_read} "
-            f"keys), rank 1 {rank1.reads}; {printed} lines printed; headline "
-            f"{len(headline)} chars"
+            f"keys), rank 1 {rank1.reads}; files opened by rank 1 {world['opened']['rank1']}; "
+            f"{printed} lines printed; headline {len(headline)} chars"
         ),
     }
 
