@@ -259,7 +259,8 @@ def hang_world(n: int, folder: Path) -> dict[str, Any]:
 
         def run(rank: int) -> None:
             started = time.monotonic()
-            doctors[rank].report_and_exit("rank 0 waited more than 0.5s in allreduce #57")
+            own = "rank 0 waited more than 0.5s in allreduce #57"
+            doctors[rank].report_and_exit(own if rank == 0 else f"stopped by rank 0 ({own})")
             took[rank] = time.monotonic() - started
 
         err = io.StringIO()
