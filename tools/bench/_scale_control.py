@@ -28,6 +28,7 @@ import copy
 import datetime
 import io
 import json
+import random
 import shutil
 import socket
 import tempfile
@@ -61,9 +62,18 @@ _REAL_CLIENT_LIMIT = 1 << 20  # _preflight._read_line's default: what a launcher
 
 
 def _free_port() -> int:
-    with contextlib.closing(socket.socket()) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port for machine 0 below the ephemeral range (32768 and up on Linux): thousands of
+    clients bound to their own addresses leave TIME_WAIT entries on ephemeral ports, which
+    keep a later listener on 0.0.0.0 from binding the same number."""
+    for port in random.sample(range(20000, 32000), 200):
+        with contextlib.closing(socket.socket()) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-31999")
 
 
 # -- the preflight --------------------------------------------------------------------------
@@ -98,12 +108,12 @@ def preflight_world(n: int, duplicate: bool = False) -> dict[str, Any]:
             run_preflight(config, {}, timeout=PREFLIGHT_TIMEOUT, say=said.append)
         )
     )
-    started = time.monotonic()
+    started, cpu = time.monotonic(), time.process_time()
     machine0.start()
     time.sleep(0.1)  # machine 0 first: its own launcher is its server's first client
     clients.go()
     machine0.join()
-    elapsed = time.monotonic() - started
+    elapsed, cpu = time.monotonic() - started, time.process_time() - cpu
     clients.stop()
     results = clients.join()
     printed: list[str] = []
@@ -113,6 +123,7 @@ def preflight_world(n: int, duplicate: bool = False) -> dict[str, Any]:
     return {
         "outcome": outcome[0],
         "coordinator_s": elapsed,
+        "cpu_s": cpu,
         "bytes": sum(r.received + r.sent for r in results),
         "answer_bytes": sizes,
         "too_long": sum(s > _REAL_CLIENT_LIMIT for s in sizes),
@@ -135,7 +146,7 @@ def _preflight(n: int) -> dict[str, Any]:
         "coordinator_s": world["coordinator_s"],
         "bytes": world["bytes"],
         "note": (
-            f"{failed}N machines; answer {sizes[0]}-{sizes[-1]} B per client "
+            f"{failed}N machines; machine 0's CPU {world['cpu_s']:.2f} s; answer {sizes[0]}-{sizes[-1]} B per client "
             f"({world['too_long']} over a launcher's 1 MiB line); report line {longest} chars"
         ),
     }

@@ -48,6 +48,12 @@ __all__ = [
 ]
 
 
+# Connection attempts in flight at once, at most: one event loop playing thousands of
+# machines would otherwise spend longer than a connect timeout starting them all, and time
+# every one of them out (a limit of the simulation, not of the server under measure).
+CONNECTING = 1024
+
+
 def raise_fd_limit(wanted: int) -> int:
     """Raise this process's open-file limit to `wanted` where allowed (the soft limit up to
     the hard one; the hard one too when running as root), and return the soft limit now."""
@@ -84,7 +90,12 @@ class ClientResult:
 
 
 async def _client(
-    index: int, port: int, line: bytes, clients: _Clients, start: asyncio.Event
+    index: int,
+    port: int,
+    line: bytes,
+    clients: _Clients,
+    start: asyncio.Event,
+    connecting: asyncio.Semaphore,
 ) -> ClientResult:
     result = ClientResult()
     await start.wait()
@@ -93,14 +104,15 @@ async def _client(
     source = loopback_address(index)
     silent_since: float | None = None
     while True:
-        attempt = time.monotonic()
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(
-                    "127.0.0.1", port, local_addr=(source, 0), limit=clients.limit
-                ),
-                clients.connect_timeout,
-            )
+            async with connecting:
+                attempt = time.monotonic()
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(
+                        "127.0.0.1", port, local_addr=(source, 0), limit=clients.limit
+                    ),
+                    clients.connect_timeout,
+                )
             break
         except (OSError, asyncio.TimeoutError) as err:
             refused = getattr(err, "errno", None) in (errno.ECONNREFUSED, errno.ECONNRESET)
@@ -138,7 +150,7 @@ class LineClients:
     longest answer line a client reads; `timeout`: seconds each may take. As a launcher does,
     a connection attempt gives up after `connect_timeout` s and is tried again, and a client
     gives up after `give_up_silent` s of attempts that got no answer at all (not even a
-    refusal)."""
+    refusal). At most CONNECTING clients connect at once."""
 
     def __init__(
         self,
@@ -214,8 +226,9 @@ def _serve_clients(argv: list[str]) -> None:
 
     async def run() -> list[ClientResult]:
         start = asyncio.Event()
+        connecting = asyncio.Semaphore(CONNECTING)
         tasks = [
-            asyncio.ensure_future(_client(i, port, line, clients, start))
+            asyncio.ensure_future(_client(i, port, line, clients, start, connecting))
             for i, line in enumerate(lines)
         ]
         sys.stdout.write("ready\n")
