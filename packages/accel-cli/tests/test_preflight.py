@@ -16,7 +16,7 @@ from accel_cli._network import (
     socket_interface_env,
     user_interface,
 )
-from accel_cli._preflight import host_facts, preflight_wanted, run_preflight, verdict
+from accel_cli._preflight import host_facts, preflight_wanted, ranges, run_preflight, verdict
 from accel_cli._slurm import SLURM_PORT_BASE, SLURM_PORT_SPAN, slurm_default_port
 
 CONFIG = LaunchConfig(
@@ -112,3 +112,33 @@ def test_a_slurm_step_over_nodes_gets_a_port_of_its_own() -> None:
     assert with_rendezvous(CONFIG.__class__(**{**CONFIG.__dict__, "main_process_port": None}),
                            port).main_process_port == port  # fmt: skip
     assert with_rendezvous(CONFIG, port).main_process_port == 29500  # a given port wins
+
+
+def test_a_verdict_over_thousands_of_hosts_names_a_few_and_counts_the_rest() -> None:
+    """Messages name SHOWN hosts per value and ranks as ranges: their size does not grow
+    with the number of hosts."""
+    config = LaunchConfig(
+        num_processes=2048, num_machines=2048, main_process_ip="10.0.0.1", main_process_port=29500
+    )
+    gone = {5, 6, 7, 8, 9, 100}
+    sizes = {"num_processes": 2048, "num_machines": 2048}
+    kinds = {p: _facts(0, "", mixed_precision=p, **sizes) for p in ("no", "bf16")}
+    hosts = []
+    for rank in sorted(set(range(2048)) - gone):
+        precision = "bf16" if rank in (10, 11, 12, 13, 14, 15) else "no"
+        address = f"10.0.{rank // 256}.{rank % 256}"
+        hosts.append({**kinds[precision], "machine_rank": rank, "address": address})
+    missing, warning = verdict(hosts, config, strict=False, complete=False, ranked=True)
+    assert missing.message.startswith(
+        "machine_rank 5-9, 100 never arrived (arrived: host 0 (" + socket.gethostname()
+    )
+    assert "host 3 (" in missing.message and "and 2038 more)" in missing.message
+    assert not warning.fatal and warning.message.count("  |  ") == 1
+    assert "host 3 (" in warning.message and "and 2032 more mixed_precision=no" in warning.message
+    assert "host 13 (" in warning.message and "and 2 more mixed_precision=bf16" in warning.message
+    assert len(missing.message) + len(warning.message) < 1500
+
+
+def test_ranks_are_written_as_runs() -> None:
+    assert ranges([3]) == "3" and ranges([2, 3]) == "2, 3" and ranges([0, 1, 2, 5]) == "0-2, 5"
+    assert ranges(range(0, 40, 2)) == "0, 2, 4, 6, 8, 10, 12, 14 and 12 more"

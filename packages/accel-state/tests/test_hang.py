@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from accel_state import hang
-from accel_state.hang import HANG_EXIT_CODE, CollectiveRing, HangDoctor, diagnose
+from accel_state._diagnosis import BRIEF_LINES
+from accel_state.hang import HANG_EXIT_CODE, CollectiveRing, HangDoctor, brief, diagnose
 
 pytestmark = pytest.mark.serial  # timeouts: runs alone under pytest -n (conftest.py)
 
@@ -27,7 +28,7 @@ GUARD = 60  # seconds: torch import in both ranks, a 2 s timeout, the grace for 
 def test_public_names() -> None:
     assert hang.__all__ == [
         "DIAGNOSIS_FILE", "HANG_EXIT_CODE", "REPORT_DIR_NAME", "CollectiveRecord",
-        "CollectiveRing", "HangDoctor", "active_doctor", "diagnose", "load_reports",
+        "CollectiveRing", "HangDoctor", "active_doctor", "brief", "diagnose", "load_reports",
         "process_group_store", "report_path", "where_in_stack",
     ]  # fmt: skip
 
@@ -215,3 +216,27 @@ def test_the_doctor_holds_sigterm_only_while_it_watches(tmp_path: Path) -> None:
     finally:
         doctor.stop()
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_diagnosis_at_thousands_of_ranks_groups_them_and_prints_a_bounded_brief() -> None:
+    """16,384 ranks, the 8 of one machine lost: the headline names the machine's ranks and
+    the others as ranges; the file has a line per rank, the printed brief 16."""
+    entry = [_entry(57, "allreduce", 88, "entered")]
+    hosts = {str(r): "10.0.4.7" for r in range(8184, 8192)}
+    collector = {"collectives": entry, "host": "10.0.0.1", "hosts": hosts,
+                 "probes": {"10.0.4.7": "silent"}}  # fmt: skip
+    other = {"collectives": entry, "host": "10.0.0.2"}
+    reports = {r: None if r in range(8184, 8192) else other for r in range(16384)}
+    reports[0] = collector
+    text = diagnose(reports)
+    assert text.splitlines()[0] == (
+        "accel hang doctor: host 10.0.4.7 (ranks 8184-8191) is lost: it does not answer on the "
+        "network (its link or the machine is down) while ranks 0-8183, 8192-16383 are in "
+        "allreduce #57 (train.py:88)"
+    )
+    assert len(text.splitlines()) == 16385
+    shown = brief(text).splitlines()
+    assert len(shown) == 1 + BRIEF_LINES + 1 and shown[-1].endswith(
+        "16368 more ranks: see diagnosis.txt"
+    )
+    assert shown[9:17] == [f"  rank {r}: no report" for r in range(8184, 8192)]

@@ -72,7 +72,7 @@ class HangWatch:
         if not folder or (quiet < QUIET_SECONDS and not final):
             return
         self.note.write_text("")
-        from accel_state.hang import DIAGNOSIS_FILE, diagnose, load_reports
+        from accel_state.hang import DIAGNOSIS_FILE, brief, diagnose, load_reports
 
         reports = load_reports(folder, self.world_size)
         sizes = {int(r["world_size"]) for r in reports.values() if r is not None}
@@ -82,7 +82,7 @@ class HangWatch:
         Path(folder, DIAGNOSIS_FILE).write_text(text + "\n")
         if self._last == (folder, text):
             return  # the same hang, its note written again after the probes
-        print(f"\n{text}\n  reports: {folder}", file=sys.stderr, flush=True)
+        print(f"\n{brief(text)}\n  reports: {folder}", file=sys.stderr, flush=True)
         self._last = (folder, text)
         self.diagnosed += 1
 

@@ -8,9 +8,15 @@ before torchrun uses it: machine 0 (static rendezvous) or the machine that holds
 (c10d) listens there, says who it is (`MAGIC`), and collects one line of facts from each
 machine: its rank, address, the world shape and the training settings it would launch. When
 every rank has arrived (or a rank is claimed twice, or the timeout passes) it answers every
-machine with one verdict: the problems, each marked fatal or not. Then it closes the port,
-and each launcher either starts torchrun or exits with `PREFLIGHT_EXIT_CODE`. The wire format
-is one JSON object per line; nothing but the launchers of one run speak it.
+machine with one verdict: the problems, each marked fatal or not, the number of hosts and the
+first few of them. Then it closes the port, and each launcher either starts torchrun or exits
+with `PREFLIGHT_EXIT_CODE`. The wire format is one JSON object per line; nothing but the
+launchers of one run speak it.
+
+The verdict is _preflight_verdict's, the main machine's server _preflight_server's. At N
+machines machine 0 does O(N) work and sends O(N) bytes in all: each answer names at most a
+few hosts per problem, so its size does not grow with N (tools/bench/bench_scale.py, paths
+`preflight` and `preflight_dup`, measures both to thousands of machines).
 
 No torch import and no thread left behind: the launcher starts in milliseconds.
 """
@@ -23,11 +29,8 @@ import errno
 import json
 import socket
 import sys
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from importlib import metadata
-from typing import Any
+from collections.abc import Callable, Mapping
 
 from accel_cli._launch_config import LaunchConfig
 from accel_cli._network import (
@@ -39,8 +42,38 @@ from accel_cli._network import (
     route_to,
     user_interface,
 )
+from accel_cli._preflight_server import MAGIC, WAIT_NOTE_SECONDS, _listen, _read_line, _Server
+from accel_cli._preflight_verdict import (
+    TRAINING_KEYS,
+    WORLD_KEYS,
+    Problem,
+    few,
+    host_facts,
+    host_label,
+    ranges,
+    verdict,
+)
 
-MAGIC = "accel-preflight 1"
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "MAGIC",
+    "PREFLIGHT_EXIT_CODE",
+    "TRAINING_KEYS",
+    "UNANSWERED_SECONDS",
+    "WAIT_NOTE_SECONDS",
+    "WORLD_KEYS",
+    "Outcome",
+    "Problem",
+    "few",
+    "host_facts",
+    "host_label",
+    "preflight_wanted",
+    "ranges",
+    "report",
+    "run_preflight",
+    "verdict",
+]
+
 # The launcher's exit code when the preflight finds a launch that cannot work (sysexits'
 # EX_CONFIG).
 PREFLIGHT_EXIT_CODE = 78
@@ -48,42 +81,11 @@ PREFLIGHT_EXIT_CODE = 78
 # by hand still meet (the preflight is never stricter than the launch it guards); the
 # waiting hosts and the missing ones are named every WAIT_NOTE_SECONDS meanwhile.
 DEFAULT_TIMEOUT = 900.0
-WAIT_NOTE_SECONDS = 10.0
 _CONNECT_SECONDS = 3.0
 # A main address from which nothing at all comes back (no refusal: no machine holds it, or a
 # firewall drops the port) for this long is a mistake, not a machine still starting: a
 # machine that is up refuses a connection to a port nothing listens on yet.
 UNANSWERED_SECONDS = 6.0
-_SETTLE_SECONDS = 1.0
-# What the machines of one run must agree on for the rendezvous to form (fatal), and what
-# they should agree on for the run to mean anything (a warning; an error with strict).
-WORLD_KEYS = ("num_processes", "num_machines", "rdzv_backend")
-TRAINING_KEYS = (
-    "mixed_precision",
-    "gradient_accumulation_steps",
-    "distributed_type",
-    "fsdp_config",
-    "deepspeed_config",
-    "parallelism_config",
-    "fp8_config",
-    "dynamo_config",
-    "backend",
-    "cpu",
-    "accel",
-    "torch",
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class Problem:
-    """One finding: which host, what is wrong and what to do; fatal ends the launch."""
-
-    host: str
-    message: str
-    fatal: bool = True
-
-    def line(self) -> str:
-        return f"{self.host}: {self.message}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,241 +95,12 @@ class Outcome:
     problems: tuple[Problem, ...]
     interface: str | None
     route: Route | None
-    hosts: tuple[dict, ...] = ()
+    hosts: tuple[dict, ...] = ()  # the first hosts (up to SHOWN), by machine rank
+    host_count: int = 0  # how many hosts met (0: as many as `hosts`)
 
     @property
     def fatal(self) -> bool:
         return any(p.fatal for p in self.problems)
-
-
-def _version(dist: str) -> str:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "not installed"
-
-
-def host_facts(config: LaunchConfig, address: str, interface: str | None) -> dict[str, Any]:
-    """What this host tells the others: who it is and what it would launch."""
-    worker = config.to_worker_dict()
-    training = {key: worker.get(key) for key in TRAINING_KEYS}
-    training["accel"], training["torch"] = _version("accel-cli"), _version("torch")
-    return {
-        "machine_rank": config.machine_rank,
-        "hostname": socket.gethostname(),
-        "address": address,
-        "interface": interface,
-        "world": {
-            "num_processes": config.num_processes,
-            "num_machines": config.nnodes,
-            "rdzv_backend": config.rdzv_backend,
-        },
-        "training": training,
-    }
-
-
-def host_label(facts: Mapping[str, Any]) -> str:
-    return f"host {facts['machine_rank']} ({facts['hostname']}, {facts['address']})"
-
-
-def _shown(value: Any) -> str:
-    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)
-
-
-def verdict(
-    hosts: Sequence[Mapping[str, Any]],
-    config: LaunchConfig,
-    *,
-    strict: bool,
-    complete: bool,
-    ranked: bool,
-) -> list[Problem]:
-    """The problems of a set of arrived hosts (`ranked`: ranks are the static rendezvous's,
-    each must be claimed once; `complete`: every expected host arrived)."""
-    problems: list[Problem] = []
-    by_rank: dict[int, list[Mapping[str, Any]]] = {}
-    for facts in hosts:
-        by_rank.setdefault(int(facts["machine_rank"]), []).append(facts)
-    if ranked:
-        for rank, claims in sorted(by_rank.items()):
-            if len(claims) > 1 and len({f["address"] for f in claims}) == 1:
-                problems.append(Problem(
-                    f"machine_rank {rank}",
-                    f"claimed by {len(claims)} launches on one host ({claims[0]['address']}): "
-                    f"two runs share main_process_port {config.main_process_port} on "
-                    f"{config.main_process_ip}. Give each run its own --main_process_port.",
-                ))  # fmt: skip
-            elif len(claims) > 1:
-                where = ", ".join(f"{f['hostname']} at {f['address']}" for f in claims)
-                problems.append(
-                    Problem(
-                        f"machine_rank {rank}",
-                        f"claimed by {len(claims)} hosts ({where}): give each machine its own "
-                        f"--machine_rank, 0 to {config.num_machines - 1} (0 on the machine that "
-                        f"holds --main_process_ip {config.main_process_ip}).",
-                    )
-                )
-    if not complete:
-        arrived = ", ".join(host_label(f) for f in hosts) or "none"
-        if ranked:
-            missing = [r for r in range(config.num_machines) if r not in by_rank]
-            what = f"machine_rank {', '.join(map(str, missing))} never arrived"
-        else:
-            what = (
-                f"{config.num_machines - len(hosts)} of {config.num_machines} hosts never arrived"
-            )
-        problems.append(
-            Problem(
-                "the run",
-                f"{what} (arrived: {arrived}). Start `accel launch` on every machine with the same "
-                f"--main_process_ip {config.main_process_ip} and --main_process_port "
-                f"{config.main_process_port}; check that each reaches that address and port.",
-            )
-        )
-    if not hosts:
-        return problems
-    reference = min(hosts, key=lambda f: int(f["machine_rank"]))
-    for section, fatal in (("world", True), ("training", strict)):
-        for key in sorted({k for f in hosts for k in f[section]}):
-            values = [f[section].get(key) for f in hosts]
-            if all(v == values[0] for v in values):
-                continue
-            problems.append(
-                Problem(
-                    "hosts disagree",
-                    _side_by_side(key, hosts)
-                    + ("" if fatal else " (a warning; `--preflight strict` makes it an error)")
-                    + (
-                        f"; the world must agree: launch every machine with {key} "
-                        f"{_shown(reference[section].get(key))} as on {host_label(reference)}"
-                        if fatal
-                        else ""
-                    ),
-                    fatal=fatal,
-                )
-            )
-    return problems
-
-
-def _side_by_side(key: str, hosts: Sequence[Mapping[str, Any]]) -> str:
-    section = "world" if key in WORLD_KEYS else "training"
-    cells = [f"{host_label(f)} {key}={_shown(f[section].get(key))}" for f in hosts]
-    return "  |  ".join(cells)
-
-
-class _Server:
-    """The main machine's side: listen on the main port, collect, answer, close."""
-
-    def __init__(
-        self,
-        listener: socket.socket,
-        config: LaunchConfig,
-        *,
-        strict: bool,
-        timeout: float,
-        ranked: bool,
-        say: Callable[[str], None],
-    ) -> None:
-        self.listener = listener
-        self.config, self.strict, self.timeout, self.ranked = config, strict, timeout, ranked
-        self.say = say
-        self.thread = threading.Thread(target=self._serve, name="accel-preflight", daemon=True)
-
-    def _complete(self, hosts: list[dict]) -> bool:
-        if self.ranked:
-            return {int(f["machine_rank"]) for f in hosts} >= set(range(self.config.num_machines))
-        return len(hosts) >= self.config.num_machines
-
-    def _serve(self) -> None:
-        clients: list[tuple[socket.socket, dict]] = []
-        deadline = time.monotonic() + self.timeout
-        next_note = time.monotonic() + WAIT_NOTE_SECONDS
-        settle_until: float | None = None
-        self.listener.settimeout(0.2)
-        try:
-            while True:
-                now = time.monotonic()
-                hosts = [f for _, f in clients]
-                duplicate = self.ranked and len({f["machine_rank"] for f in hosts}) < len(hosts)
-                if duplicate or now >= deadline:
-                    break
-                if self._complete(hosts):
-                    settle_until = settle_until or now + _SETTLE_SECONDS
-                    if now >= settle_until:
-                        break
-                if now >= next_note:
-                    next_note = now + WAIT_NOTE_SECONDS
-                    self.say(self._waiting_note(hosts, deadline - now))
-                try:
-                    conn, _ = self.listener.accept()
-                except TimeoutError:
-                    continue
-                facts = _greet(conn)
-                if facts is not None:
-                    clients.append((conn, facts))
-            hosts = [f for _, f in clients]
-            found = verdict(
-                hosts,
-                self.config,
-                strict=self.strict,
-                complete=self._complete(hosts),
-                ranked=self.ranked,
-            )
-            answer = {"problems": [dataclasses.asdict(p) for p in found], "hosts": hosts}
-            for conn, _ in clients:
-                with contextlib.suppress(OSError):
-                    conn.sendall((json.dumps(answer) + "\n").encode())
-            # Each client closes first, so that the port's TIME_WAIT stays on the clients and
-            # torchrun can listen on it here at once.
-            for conn, _ in clients:
-                with contextlib.suppress(OSError):
-                    conn.settimeout(5.0)
-                    conn.recv(16)
-                conn.close()
-        finally:
-            self.listener.close()
-
-    def _waiting_note(self, hosts: list[dict], left: float) -> str:
-        arrived = ", ".join(host_label(f) for f in hosts) or "none yet"
-        if self.ranked:
-            ranks = {int(f["machine_rank"]) for f in hosts}
-            missing = [str(r) for r in range(self.config.num_machines) if r not in ranks]
-            waiting = f"machine_rank {', '.join(missing)}"
-        else:
-            waiting = f"{self.config.num_machines - len(hosts)} more host(s)"
-        return f"waiting for {waiting} (arrived: {arrived}); giving up in {left:.0f} s"
-
-
-def _greet(conn: socket.socket) -> dict | None:
-    """Say who we are and read the host's facts (None: not one of our launchers)."""
-    try:
-        conn.settimeout(10.0)
-        conn.sendall((MAGIC + "\n").encode())
-        line = _read_line(conn)
-        return json.loads(line) if line else None
-    except (OSError, ValueError):
-        conn.close()
-        return None
-
-
-def _read_line(conn: socket.socket, limit: int = 1 << 20) -> str:
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = conn.recv(65536)
-        if not chunk:
-            break
-        data += chunk
-        if len(data) > limit:
-            raise ValueError("line too long")
-    return data.decode().strip()
-
-
-def _listen(port: int, family: int) -> socket.socket:
-    listener = socket.socket(family, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
-    listener.listen(64)
-    return listener
 
 
 def _holder(port: int) -> str:
@@ -453,7 +226,7 @@ def run_preflight(
     server = None
     if (config.machine_rank == 0) if ranked else is_local(route.main_address):
         try:
-            listener = _listen(port, family)
+            listener = _listen(port, family, config.num_machines)
         except OSError as err:
             if ranked or err.errno != errno.EADDRINUSE:
                 problems.append(
@@ -481,7 +254,9 @@ def run_preflight(
     if isinstance(outcome, Problem):
         return Outcome((*problems, outcome), interface, route)
     shared = tuple(Problem(**p) for p in outcome["problems"])
-    return Outcome((*problems, *shared), interface, route, tuple(outcome["hosts"]))
+    hosts = tuple(outcome["hosts"])
+    count = int(outcome.get("host_count", len(hosts)))
+    return Outcome((*problems, *shared), interface, route, hosts, count)
 
 
 def _meet(
@@ -539,9 +314,10 @@ def report(outcome: Outcome, say: Callable[[str], None]) -> None:
     for problem in warnings:
         say(f"warning: {problem.line()}")
     if not fatal and outcome.hosts:
-        hosts = ", ".join(host_label(f) for f in outcome.hosts)
+        count = outcome.host_count or len(outcome.hosts)
+        hosts = few([host_label(f) for f in outcome.hosts], count)
         via = f" over {outcome.interface}" if outcome.interface else ""
-        say(f"ok: {len(outcome.hosts)} host(s) agree ({hosts}); talking{via}")
+        say(f"ok: {count} host(s) agree ({hosts}); talking{via}")
 
 
 def preflight_wanted(config: LaunchConfig, flag: str | None) -> bool:

@@ -11,9 +11,14 @@ A report folder holds, per rank k that could write one, `rank<k>.json`:
                         function, module, user (outside accel, torch and the standard library)
     nccl_trace          str: the Flight Recorder file, or why there is none
     host                str: the address of the rank's machine (toward the main machine)
-    hosts               {rank: address}: every rank's machine, as far as the store told
-    probes              {address: "answers" | "silent"}: the machines of the ranks that wrote
-                        no report, probed on the network (only when some were missing)
+    hosts               {rank: address}: the machines of the ranks that wrote no report, as
+                        the store told (the collecting rank's report only), and its own
+    probes              {address: "answers" | "silent"}: those machines, each probed once on
+                        the network (the collecting rank's report, when some were missing)
+
+At thousands of ranks the diagnosis stays readable: its headline names ranks as ranges and
+groups the ranks that are at the same place ("ranks 0-8183, 8192-16383 are in allreduce #57
+(train.py:88)"), one line per rank follows in the file, and `brief` bounds what is printed.
 """
 
 from __future__ import annotations
@@ -26,6 +31,10 @@ from typing import Any
 
 REPORT_DIR_NAME = "hang_report"
 DIAGNOSIS_FILE = "diagnosis.txt"
+# Up to this many ranks a headline names each on its own; more are grouped by place.
+_EACH = 4
+# The rank lines `brief` keeps for the terminal (the file has them all).
+BRIEF_LINES = 16
 # What a rank outside accel's collectives is doing, told by the modules on its stack.
 _ACTIVITIES = (
     (("torch.utils.data", "accel_data"), "the data loader"),
@@ -113,6 +122,53 @@ def _first_divergence(
     return None
 
 
+def rank_list(ranks: list[int] | set[int], most: int = 8) -> str:
+    """ "rank 5", "ranks 2, 3", "ranks 0-8183, 8192-16383": sorted, runs of three or more as
+    ranges, the first `most` runs and how many ranks more."""
+    runs: list[list[int]] = []
+    for rank in sorted(set(ranks)):
+        if runs and rank == runs[-1][1] + 1:
+            runs[-1][1] = rank
+        else:
+            runs.append([rank, rank])
+    parts: list[str] = []
+    for first, last in runs:
+        if last - first >= 2:
+            parts.append(f"{first}-{last}")
+        else:
+            parts.extend(str(r) for r in range(first, last + 1))
+    text = ", ".join(parts[:most])
+    if len(parts) > most:
+        text += f" and {len(parts) - most} more"
+    return f"{'rank' if len(set(ranks)) == 1 else 'ranks'} {text}"
+
+
+def _grouped(places: Mapping[int, str]) -> str:
+    """ "rank 0 is in X; rank 1 is in Y" for a few ranks; for more, the ranks at each place
+    together: "ranks 0-5, 8 are in X; rank 6 is in Y" (`places`: rank -> "is in X")."""
+    if len(places) <= _EACH:
+        return "; ".join(f"rank {rank} {place}" for rank, place in sorted(places.items()))
+    groups: dict[str, list[int]] = {}
+    for rank, place in sorted(places.items()):
+        groups.setdefault(place, []).append(rank)
+    order = sorted(groups.items(), key=lambda item: item[1][0])
+    parts = []
+    for place, ranks in order[:_EACH]:
+        verb = place if len(ranks) == 1 else _plural(place)
+        parts.append(f"{rank_list(ranks)} {verb}")
+    if len(order) > _EACH:
+        rest = sum(len(ranks) for _, ranks in order[_EACH:])
+        parts.append(f"{rest} more ranks are elsewhere (see each rank's line)")
+    return "; ".join(parts)
+
+
+def _plural(place: str) -> str:
+    for one, many in (("is ", "are "), ("passed ", "passed "), ("failed ", "failed ")):
+        if place.startswith(one):
+            return many + place[len(one) :]
+    return place
+
+
 def _verb(entry: Mapping[str, Any]) -> str:
     return {"entered": "is in", "failed": "failed in"}.get(str(entry.get("state")), "passed")
 
@@ -136,29 +192,26 @@ def diagnose(reports: Mapping[int, Report | None]) -> str:
 def _headline(present: Mapping[int, Report], missing: list[int]) -> str:
     found = _first_divergence(present)
     if missing:
-        gone = ", ".join(str(r) for r in missing)
-        who = "rank" if len(missing) == 1 else "ranks"
-        others = []
-        for rank, report in sorted(present.items()):
+        places = {}
+        for rank, report in present.items():
             entry = _open(report)
             where = _label(entry) if entry else where_in_stack(report)
-            verb = _verb(entry) if entry else "is at"
-            others.append(f"rank {rank} {verb} {where}")
-        tail = f" while {'; '.join(others)}" if others else ""
+            places[rank] = f"{_verb(entry) if entry else 'is at'} {where}"
+        tail = f" while {_grouped(places)}" if places else ""
         lost = _lost_hosts(present, missing)
         if lost is not None:
             return f"{lost}{tail}"
-        return f"{who} {gone} wrote no report (the process died or was killed){tail}"
+        return f"{rank_list(missing)} wrote no report (the process died or was killed){tail}"
     if found is None:
         places = {rank: where_in_stack(r) for rank, r in sorted(present.items())}
         loading = [rank for rank, place in places.items() if place.startswith("the data loader")]
         if loading and len(loading) < len(places):
             odd = loading[0]
-            others = "; ".join(f"rank {r} is in {p}" for r, p in places.items() if r != odd)
+            others = _grouped({r: f"is in {p}" for r, p in places.items() if r != odd})
             return (
                 f"rank {odd} never reached the next collective: it is in {places[odd]} ({others})"
             )
-        listing = "; ".join(f"rank {r} is in {p}" for r, p in places.items())
+        listing = _grouped({r: f"is in {p}" for r, p in places.items()})
         return f"no accel collective is pending and a step exceeded the timeout: {listing}"
     seq, at = found
     reached = {rank: e for rank, e in at.items() if e is not None}
@@ -183,9 +236,11 @@ def _headline(present: Mapping[int, Report], missing: list[int]) -> str:
             f"{where_in_stack(present[odd])} (rank {ref} {_verb(reached[ref])} "
             f"{_label(reached[ref])})"
         )
-    ranks = ", ".join(str(r) for r in sorted(reached))
     entry = reached[min(reached)]
-    return f"ranks {ranks} are all in {_label(entry)}: no rank diverged; a peer is slow or stuck"
+    return (
+        f"{rank_list(set(reached))} are all in {_label(entry)}: no rank diverged; a peer is "
+        f"slow or stuck"
+    )
 
 
 def _lost_hosts(present: Mapping[int, Report], missing: list[int]) -> str | None:
@@ -205,8 +260,8 @@ def _lost_hosts(present: Mapping[int, Report], missing: list[int]) -> str | None
             return None
         by_host.setdefault(addr, []).append(rank)
     parts = []
-    for addr, ranks in by_host.items():
-        who = f"host {addr} ({'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks))})"
+    for addr, ranks in list(by_host.items())[:_EACH]:
+        who = f"host {addr} ({rank_list(ranks)})"
         state = probes.get(addr)
         if state == "silent":
             parts.append(
@@ -220,7 +275,26 @@ def _lost_hosts(present: Mapping[int, Report], missing: list[int]) -> str | None
             parts.append(
                 f"{who} wrote no report (the machine, its link or its processes went down)"
             )
+    if len(by_host) > _EACH:
+        more = list(by_host.items())[_EACH:]
+        ranks = sum(len(r) for _, r in more)
+        parts.append(f"{len(more)} more hosts ({ranks} ranks) wrote no report either")
     return "; ".join(parts)
+
+
+def brief(text: str, lines: int = BRIEF_LINES) -> str:
+    """A diagnosis as printed: its headline and `lines` rank lines (those of ranks that wrote
+    no report first, up to half of them; then the first others), then how many more the
+    file holds."""
+    head, *ranks = text.splitlines()
+    if len(ranks) <= lines:
+        return text
+    silent = [i for i, line in enumerate(ranks) if line.endswith(": no report")][: lines // 2]
+    chosen = set(silent)
+    chosen.update([i for i in range(len(ranks)) if i not in chosen][: lines - len(chosen)])
+    kept = [ranks[i] for i in sorted(chosen)]
+    more = f"  ... {len(ranks) - len(kept)} more ranks: see {DIAGNOSIS_FILE}"
+    return "\n".join([head, *kept, more])
 
 
 def _rank_line(rank: int, report: Report | None) -> str:

@@ -8,6 +8,15 @@ store's host is gone). Each rank writes `rank<k>.stack.txt` (faulthandler, all t
 `rank<k>.json` (the collective ring and the main thread's stack); then one diagnosis is
 printed: by `accel launch` when it asked for the report (`notify` is set), else by rank 0
 (or the lowest rank still alive).
+
+Cost at N ranks. At the start each rank writes its machine's address to the store (one set;
+N records in all). On a hang each rank writes its own report and waits for one file (the
+collector's mark, polled every `_POLL_OTHERS` s). One rank collects: rank 0, or where rank 0
+wrote nothing the lowest rank that wrote a report (a rank looks below itself for a report
+until it finds one). The collector waits for the N reports (each file looked at until it
+appears), reads the machines of the M ranks that wrote none in two store round trips (a
+check and a multi_get of M keys), probes each of their machines once, and writes the
+diagnosis: O(N) files and O(M) store keys in all, where every rank used to read all N keys.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from typing import Any
 from accel_state import _ring, hosts
 from accel_state._diagnosis import (
     DIAGNOSIS_FILE,
+    brief,
     diagnose,
     load_reports,
     report_path,
@@ -37,6 +47,11 @@ HANG_EXIT_CODE = 86
 STORE_KEY = "accel_hang_doctor/notice"
 HOST_KEY = "accel_hang_doctor/host"  # + "/<rank>": the address of the rank's machine
 NOTICE_FILE = "NOTICE"
+COLLECTED_FILE = "collected"  # the collector is done (with a launcher, which then diagnoses)
+NOTICE_LOOKS_PER_SECOND = 4096
+_POLL_OTHERS = 0.25  # how often a rank that does not collect looks for the collector's mark
+_COLLECT_MARGIN = 2.0  # seconds beyond the collector's wait and probes, before taking over
+_READ_SECONDS = 0.0005  # the collector's time to read one rank's report, at most
 _STDLIB = (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"])
 _ACTIVE: HangDoctor | None = None  # the doctor watching this process
 
@@ -113,7 +128,13 @@ class HangDoctor:
         self.exit_process = exit_process
         self.last_beat = time.monotonic()  # the first step is timed from the start
         self.tick = min(0.25, self.timeout / 8)
-        self.grace = max(1.0, self.timeout / 2)  # how long to wait for the other ranks' reports
+        # The whole world looks for a notice (in the store, in the folder) at most
+        # NOTICE_LOOKS_PER_SECOND times a second: every tick up to ~1,000 ranks, less often
+        # above, so that neither the store's server nor a shared folder's serves O(N) looks
+        # per tick; the wait for the others' reports covers two such intervals.
+        self.notice_every = max(self.tick, world_size / NOTICE_LOOKS_PER_SECOND)
+        # how long to wait for the other ranks' reports
+        self.grace = max(1.0, self.timeout / 2, 2 * self.notice_every)
         self._stop = threading.Event()
         self._fired = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -131,7 +152,7 @@ class HangDoctor:
         for path in (report_path(self.folder, self.rank), stack_path(self.folder, self.rank)):
             path.unlink(missing_ok=True)
         if self.rank == 0:
-            for name in (NOTICE_FILE, DIAGNOSIS_FILE):
+            for name in (NOTICE_FILE, DIAGNOSIS_FILE, COLLECTED_FILE):
                 (self.folder / name).unlink(missing_ok=True)
         _ring.ACTIVE, _ACTIVE = self.ring, self
         self.host = hosts.host_address()
@@ -171,11 +192,16 @@ class HangDoctor:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # the main thread's to take
 
         grouped = dist.is_available() and dist.is_initialized()
+        next_look = time.monotonic()
         while not self._stop.wait(self.tick):
             if grouped and not dist.is_initialized():
                 self.stop()  # end_training closed the process group: training is over
                 return
-            reason = self._overdue(time.monotonic()) or self._noticed()
+            now = time.monotonic()
+            reason = self._overdue(now)
+            if reason is None and now >= next_look:
+                next_look = now + self.notice_every
+                reason = self._noticed()
             if reason is not None:
                 self.report_and_exit(reason)
                 return
@@ -243,19 +269,55 @@ class HangDoctor:
         self.write_report(reason)
         if self.notify is not None:  # at once: a launcher may end this process any moment
             Path(self.notify).write_text(str(self.folder))
-        everyone = self._wait(
-            lambda: all(report_path(self.folder, r).exists() for r in self._ranks())
-        )
-        if not everyone:  # is the machine of a silent rank still on the network?
-            self.write_report(reason, probe=True)
-            if self.notify is not None:  # again: the launcher waits for the note to settle
-                Path(self.notify).write_text(str(self.folder))
-        if self.notify is None:
-            self._print_diagnosis()
+        if self.rank == 0:
+            self._collect(reason, self.grace)
+        elif not self._wait(self._collected, self._collector_time(), _POLL_OTHERS) and (
+            self._lowest_reporting()  # rank 0 (and every rank below) wrote nothing
+        ):
+            self._collect(reason, 0.0)
         if self.exit_process:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(HANG_EXIT_CODE)
+
+    def _collect(self, reason: str, grace: float) -> None:
+        """Wait up to `grace` for every rank's report; name the machines of the ranks that
+        wrote none, and whether each answers on the network; print the diagnosis where this
+        process group prints it; mark the folder collected."""
+        missing = self._missing_reports(grace)
+        if missing:
+            self.write_report(reason, missing=missing)
+            if self.notify is not None:  # again: the launcher waits for the note to settle
+                Path(self.notify).write_text(str(self.folder))
+        if self.notify is None:
+            self._print_diagnosis()
+        (self.folder / COLLECTED_FILE).write_text(str(self.rank))
+
+    def _collector_time(self) -> float:
+        """How long a rank waits for the collector: its wait for the reports, its probes, its
+        reading of the reports and a margin."""
+        reading = self.world_size * _READ_SECONDS
+        return self.grace + hosts.PROBE_SECONDS + reading + _COLLECT_MARGIN
+
+    def _collected(self) -> bool:
+        done = DIAGNOSIS_FILE if self.notify is None else COLLECTED_FILE
+        return (self.folder / done).exists()
+
+    def _lowest_reporting(self) -> bool:
+        """No rank below this one wrote a report (looked at downwards: the rank just below
+        usually has, so most ranks look at one file)."""
+        return not any(report_path(self.folder, r).exists() for r in range(self.rank - 1, -1, -1))
+
+    def _missing_reports(self, grace: float) -> list[int]:
+        """The ranks whose report is still missing after up to `grace` seconds (each file is
+        looked at until it appears: N looks, then one per missing rank and poll)."""
+        pending = [r for r in self._ranks() if r != self.rank]
+        deadline = time.monotonic() + grace
+        while True:
+            pending = [r for r in pending if not report_path(self.folder, r).exists()]
+            if not pending or time.monotonic() >= deadline:
+                return pending
+            time.sleep(0.05)
 
     def _ranks(self) -> range:
         return range(self.world_size)
@@ -268,46 +330,46 @@ class HangDoctor:
             except Exception:
                 self.store = None
 
-    def _wait(self, done: Any) -> bool:
-        deadline = time.monotonic() + self.grace
+    def _wait(self, done: Any, seconds: float, poll: float = 0.05) -> bool:
+        deadline = time.monotonic() + seconds
         while not done():
             if time.monotonic() > deadline:
                 return False
-            time.sleep(0.05)
+            time.sleep(poll)
         return True
 
     def _print_diagnosis(self) -> None:
-        """Rank 0 prints; the others wait for its diagnosis and print it themselves if none
-        comes (rank 0 died)."""
+        """The collector's diagnosis: the whole of it in the folder, `brief` on stderr."""
         done = self.folder / DIAGNOSIS_FILE
-        if self.rank != 0 and self._wait(done.exists):
-            return
-        if done.exists():
-            return
         self.diagnosis = diagnose(load_reports(self.folder, self.world_size))
         tmp = done.with_suffix(f".{self.rank}.tmp")
         tmp.write_text(self.diagnosis + "\n")
         os.replace(tmp, done)
-        print(f"{self.diagnosis}\n  reports: {self.folder}", file=sys.stderr, flush=True)
+        print(f"{brief(self.diagnosis)}\n  reports: {self.folder}", file=sys.stderr, flush=True)
 
-    def _known_hosts(self) -> dict[str, str]:
-        """rank -> the address of its machine, as far as the store (still) tells."""
-        hosts = {str(self.rank): self.host}
-        if self.store is None:
-            return hosts
+    def _hosts_of(self, ranks: list[int]) -> dict[str, str]:
+        """rank -> the address of its machine, for `ranks`, as far as the store (still) tells:
+        one check and one multi_get where every rank recorded its machine, else a check (and
+        a get) per rank."""
+        found: dict[str, str] = {}
+        if self.store is None or not ranks:
+            return found
+        keys = [f"{HOST_KEY}/{rank}" for rank in ranks]
         try:
-            for rank in self._ranks():
-                key = f"{HOST_KEY}/{rank}"
-                if rank != self.rank and self.store.check([key]):
-                    hosts[str(rank)] = self.store.get(key).decode()
+            if self.store.check(keys):
+                values = self.store.multi_get(keys)
+                return {str(r): v.decode() for r, v in zip(ranks, values)}
+            for rank, key in zip(ranks, keys):
+                if self.store.check([key]):
+                    found[str(rank)] = self.store.get(key).decode()
         except Exception:  # the store's host is gone
             self.store = None
-        return hosts
+        return found
 
-    def write_report(self, reason: str, probe: bool = False) -> None:
-        """`rank<k>.stack.txt` (every thread) and `rank<k>.json` (ring, stack, reason, the
-        machines of the ranks; with `probe`, whether the machines of the ranks that wrote no
-        report answer on the network)."""
+    def write_report(self, reason: str, missing: list[int] | None = None) -> None:
+        """`rank<k>.stack.txt` (every thread) and `rank<k>.json` (ring, stack, reason, this
+        rank's machine; with `missing`, the ranks that wrote no report: their machines, as
+        the store tells, and whether each answers on the network, probed once)."""
         with open(stack_path(self.folder, self.rank), "w") as f:
             faulthandler.dump_traceback(f, all_threads=True)
         report = {
@@ -319,15 +381,12 @@ class HangDoctor:
             "stack": main_thread_stack(),
             "nccl_trace": collect_nccl_trace(self.folder, self.rank),
             "host": self.host,
-            "hosts": self._known_hosts(),
+            "hosts": {str(self.rank): self.host},
         }
-        if probe:
-            silent = {
-                addr
-                for rank, addr in report["hosts"].items()
-                if not report_path(self.folder, int(rank)).exists()
-            }
-            report["probes"] = hosts.probe(sorted(silent - {self.host}))
+        if missing:
+            lost = self._hosts_of(missing)
+            report["hosts"].update(lost)
+            report["probes"] = hosts.probe(sorted(set(lost.values()) - {self.host}))
         target = report_path(self.folder, self.rank)
         tmp = target.with_suffix(".tmp")
         tmp.write_text(json.dumps(report, indent=1))

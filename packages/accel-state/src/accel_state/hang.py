@@ -12,13 +12,15 @@ folder, one diagnosis is printed ("rank 1 is in gather #57 (train.py:88) while r
 reduce #57 (train.py:91)"), and every rank exits with `HANG_EXIT_CODE` (86).
 `accel.Accelerator(hang_timeout=...)` and `accel launch --hang_timeout` set it up.
 
-`diagnose` and `load_reports` are pure functions over the report folder (they import
+`diagnose`, `brief` (the diagnosis as printed: bounded at any number of ranks) and
+`load_reports` are pure functions over the report folder (they import
 neither torch nor accel), for the launcher and for tools.
 """
 
 from accel_state._diagnosis import (
     DIAGNOSIS_FILE,
     REPORT_DIR_NAME,
+    brief,
     diagnose,
     load_reports,
     report_path,
@@ -40,6 +42,7 @@ __all__ = [
     "CollectiveRing",
     "HangDoctor",
     "active_doctor",
+    "brief",
     "diagnose",
     "load_reports",
     "process_group_store",
