@@ -26,6 +26,10 @@ MAGIC = "accel-preflight 2"  # 2: the answer carries a count and the first hosts
 # waits.
 WAIT_NOTE_SECONDS = 10.0
 _SETTLE_SECONDS = 1.0
+# Once a machine rank is claimed twice the launch cannot work, but the verdict waits until
+# no launcher arrived for this long, so that the machines started with it hear it too (a
+# launcher that comes after the port closed waits for its own timeout).
+_QUIET_SECONDS = 3.0
 _GREET_SECONDS = 10.0  # a connection that sends no facts by then is not one of our launchers
 _FACTS_LIMIT = 1 << 20  # bytes of one host's facts, at most
 
@@ -39,9 +43,11 @@ class _Arrivals:
     clients: list[tuple[socket.socket, dict]] = dataclasses.field(default_factory=list)
     ranks: set[int] = dataclasses.field(default_factory=set)
     duplicate: bool = False
+    last: float = dataclasses.field(default_factory=time.monotonic)  # the latest arrival
 
     def add(self, conn: socket.socket, facts: dict) -> None:
         rank = int(facts["machine_rank"])
+        self.last = time.monotonic()
         self.duplicate = self.duplicate or (self.ranked and rank in self.ranks)
         if 0 <= rank < self.num_machines:
             self.ranks.add(rank)
@@ -92,9 +98,13 @@ class _Server:
         try:
             while True:
                 now = time.monotonic()
-                if arrivals.duplicate or now >= deadline:
+                if now >= deadline:
                     break
-                if arrivals.complete:
+                if arrivals.duplicate and not greeting and now - arrivals.last >= _QUIET_SECONDS:
+                    break
+                if arrivals.complete and (
+                    not arrivals.duplicate or len(arrivals.clients) > self.config.num_machines
+                ):
                     settle_until = settle_until or now + _SETTLE_SECONDS
                     if now >= settle_until:
                         break
