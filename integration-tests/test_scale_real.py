@@ -138,3 +138,5 @@ def test_8_hosts_of_4_train_ddp_resume_exactly_then_name_a_lost_host(
     first, last = lost * PER_HOST, WORLD - 1
     named = rf"host {re.escape(hosts.address(lost))} \(ranks ({first}-{last}|{first}, .*{last})\) is lost"
     assert re.search(named, log), log[-4000:]
+    # printed once, by the launcher, after the collecting rank probed the lost host
+    assert log.count("accel hang doctor:") == 1, log[-4000:]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from accel_cli._hang_report import HangWatch
-from accel_state.hang import HANG_EXIT_CODE, HangDoctor, report_path
+from accel_state.hang import COLLECTED_FILE, HANG_EXIT_CODE, HangDoctor, report_path
 
 
 def _report(folder: Path, rank: int, reason: str) -> None:
@@ -61,6 +61,28 @@ def test_a_diagnosis_that_changed_is_printed_again(
     err = capsys.readouterr().err
     assert err.count("accel hang doctor:") == 2, err
     assert watch.diagnosed == 2
+
+
+def test_a_running_launch_waits_for_the_collecting_rank(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Mid-run, a note alone prints nothing until the collecting rank marked the folder
+    collected (its probes done): the first diagnosis printed is the collector's."""
+    import accel_cli._hang_report as hang_report
+
+    monkeypatch.setattr(hang_report, "QUIET_SECONDS", 0.0)
+    folder, note = tmp_path / "hang_report", tmp_path / "note"
+    folder.mkdir()
+    watch = HangWatch(note, world_size=2)
+    _report(folder, 0, "rank 0: a step took more than 30s")
+    note.write_text(str(folder))
+    watch.poll()
+    assert "accel hang doctor" not in capsys.readouterr().err
+    assert watch.diagnosed == 0 and note.read_text() == str(folder)
+    (folder / COLLECTED_FILE).write_text("0")
+    watch.poll()
+    assert "accel hang doctor: rank 1 wrote no report" in capsys.readouterr().err
+    assert watch.diagnosed == 1
 
 
 def test_the_launch_removes_its_note_when_it_ends_in_an_error(tmp_path, monkeypatch):

@@ -6,9 +6,11 @@ has written its report. The launcher watches the note while the run goes on: whe
 written, it reads every rank's report (accel_state.hang, imported only then, so the launcher
 does not import torch on its way in), prints one diagnosis naming the first divergence
 between ranks, and empties the note for the next one (torchrun may restart the workers,
-`--max_restarts`, and a restarted worker clears the old reports). A rank that heard from
-no other rank within its grace period probes their machines and writes the note again: the
-launcher then rewrites the diagnosis, and prints it again only if it changed. The launcher exits with
+`--max_restarts`, and a restarted worker clears the old reports). While the run goes on, it
+waits for the collecting rank (the one that waits for every report and probes the machines
+of the ranks that wrote none) to mark the folder collected, so that its first diagnosis
+already names a lost machine; when the run has ended it prints what is there. A note
+written again for the same hang prints again only if the diagnosis changed. The launcher exits with
 `HANG_EXIT_CODE` after a diagnosed hang, unless the restarted run finished (exit code 0).
 """
 
@@ -71,8 +73,11 @@ class HangWatch:
             return
         if not folder or (quiet < QUIET_SECONDS and not final):
             return
+        from accel_state.hang import COLLECTED_FILE, DIAGNOSIS_FILE, brief, diagnose, load_reports
+
+        if not final and not Path(folder, COLLECTED_FILE).exists():
+            return  # the collecting rank is still waiting for reports or probing machines
         self.note.write_text("")
-        from accel_state.hang import DIAGNOSIS_FILE, brief, diagnose, load_reports
 
         reports = load_reports(folder, self.world_size)
         sizes = {int(r["world_size"]) for r in reports.values() if r is not None}

@@ -28,6 +28,7 @@ from accel_state._diagnosis import (
 )
 from accel_state._ring import CollectiveRecord, CollectiveRing
 from accel_state._watchdog import (
+    COLLECTED_FILE,
     HANG_EXIT_CODE,
     HangDoctor,
     active_doctor,
@@ -35,6 +36,7 @@ from accel_state._watchdog import (
 )
 
 __all__ = [
+    "COLLECTED_FILE",
     "DIAGNOSIS_FILE",
     "HANG_EXIT_CODE",
     "REPORT_DIR_NAME",
