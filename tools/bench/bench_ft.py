@@ -2,6 +2,7 @@
 failure costs, against restart-the-world, on one job.
 
     uv run python tools/bench/bench_ft.py [--steps N] [--save_every N] [--timeout S]
+                                          [--no_failure_only]
 
 The job: a medium MLP (4 x Linear(1024, 1024), 4.2 M parameters), SGD, 32 random samples
 per process per step, 2 processes on the CPU (gloo on loopback), each launched for real with
@@ -13,7 +14,10 @@ participants, and for the fault-tolerant engine the seconds spent in the quorum 
    as 2 replica groups of 1 (the gradient average is torchft's, across groups) and as 1 group
    of 2 (DDP inside the group; the quorum and commit are all that is added). Median step time
    of rank 0 over `--steps` steps after 10 warm-up steps, the median over `--rounds` rounds
-   (each round runs the three in turn); ratio to DDP.
+   (each round runs the three in turn); ratio to DDP. Also the median time from the end of
+   the backward to the end of `optimizer.step()` (the cross-group average, the commit and
+   the optimizer's own step). A launch that loses its port to another process (picked free,
+   taken before torchrun binds it) is launched again, up to 3 times.
 2. One failure, fault tolerant (2 groups of 1): group 1 is SIGKILLed (launcher and worker)
    once the run is at step 20; it is relaunched 10 steps of the survivor later. Lost time =
    wall time from the start of the step in progress at the kill to the end of the first step
@@ -112,6 +116,7 @@ def worker(out: Path, steps: int, save_every: int, started: float) -> None:
         loss = nn.functional.mse_loss(model(x), y)
         step = strategy.current_step if manager is not None else step  # a healed group's
         accelerator.backward(loss)
+        backward = time.time()
         optimizer.step()
         optimizer.zero_grad()
         t1 = time.time()
@@ -119,6 +124,7 @@ def worker(out: Path, steps: int, save_every: int, started: float) -> None:
         progress.step += committed
         record = {
             "step": step, "t0": t0, "t1": t1, "committed": committed, "pid": os.getpid(),
+            "after_backward": t1 - backward,
             "participants": manager.num_participants() if manager is not None else None,
             **spent, "started": started if first else None, "imported": imported,
             "prepared": prepared,
@@ -238,28 +244,41 @@ def _no_failure(root: Path, steps: int) -> dict[str, dict]:
     total = WARMUP + steps
     results = {}
     for name, groups in (("ddp 1x2", 0), ("ft 2x1", 2), ("ft 1x2", 1)):
-        out = root / name.replace(" ", "_")
-        out.mkdir(parents=True)
-        server = serve_lighthouse(max(groups, 1), "127.0.0.1:0")
-        address = server.address()
-        try:
-            if not groups:
-                procs = [launch(out, total, processes=2)]
-            elif groups == 2:
-                procs = [launch(out, total, processes=1, ft=(g, 2, address)) for g in (0, 1)]
-            else:
-                procs = [launch(out, total, processes=2, ft=(0, 1, address))]
-            wait_all(procs, out)
-        finally:
-            server.shutdown()
+        for attempt in range(3):  # a port picked free may be taken before torchrun binds it
+            out = root / name.replace(" ", "_") / str(attempt)
+            out.mkdir(parents=True)
+            try:
+                _run_engine(out, total, groups)
+                break
+            except SystemExit as err:
+                if "EADDRINUSE" not in str(err) or attempt == 2:
+                    raise
+                print(f"{name}: a port was taken, launching again", flush=True)
         recs = records(out)[WARMUP:]
         assert all(r["committed"] and r["participants"] in (None, groups) for r in recs)
         results[name] = {
             "step_ms": 1e3 * statistics.median(r["t1"] - r["t0"] for r in recs),
             "quorum_ms": 1e3 * statistics.median(r["quorum"] for r in recs),
             "commit_ms": 1e3 * statistics.median(r["commit"] for r in recs),
+            "after_backward_ms": 1e3 * statistics.median(r["after_backward"] for r in recs),
         }
     return results
+
+
+def _run_engine(out: Path, total: int, groups: int) -> None:
+    """Plain DDP (groups 0), 2 groups of 1 or 1 group of 2, to the end."""
+    server = serve_lighthouse(max(groups, 1), "127.0.0.1:0")
+    address = server.address()
+    try:
+        if not groups:
+            procs = [launch(out, total, processes=2)]
+        elif groups == 2:
+            procs = [launch(out, total, processes=1, ft=(g, 2, address)) for g in (0, 1)]
+        else:
+            procs = [launch(out, total, processes=2, ft=(0, 1, address))]
+        wait_all(procs, out)
+    finally:
+        server.shutdown()
 
 
 # -- 2. one failure, fault tolerant ----------------------------------------------------------
@@ -382,6 +401,7 @@ def main() -> None:
     parser.add_argument("--save_every", type=int, default=10)
     parser.add_argument("--timeout", type=float, default=10.0)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--no_failure_only", action="store_true", help="only part 1")
     args = parser.parse_args()
     if args.worker:
         return worker(args.worker, args.steps, args.save_every, STARTED)
@@ -391,18 +411,22 @@ def main() -> None:
     root.mkdir(parents=True, exist_ok=True)
     print(f"load average at start: {os.getloadavg()}; out: {root}", flush=True)
     steady = no_failure(root, args.steps, args.rounds)
-    ft = ft_failure(root, args.timeout)
-    world = restart_the_world(root, args.save_every)
+    if not args.no_failure_only:
+        ft = ft_failure(root, args.timeout)
+        world = restart_the_world(root, args.save_every)
     print(f"load average at end: {os.getloadavg()}")
     ddp = steady["ddp 1x2"]["step_ms"]
     print(f"\nno failure: median step of rank 0 over {args.steps} steps (2 processes), "
           f"median of {args.rounds} rounds")  # fmt: skip
-    print("| engine | step (ms) | / DDP | quorum (ms) | commit (ms) |\n|---|---|---|---|---|")
+    print("| engine | step (ms) | / DDP | quorum (ms) | commit (ms) | after backward (ms) |")
+    print("|---|---|---|---|---|---|")
     for name, r in steady.items():
         print(
             f"| {name} | {r['step_ms']:.1f} | {r['step_ms'] / ddp:.3f} | "
-            f"{r['quorum_ms']:.2f} | {r['commit_ms']:.2f} |"
+            f"{r['quorum_ms']:.2f} | {r['commit_ms']:.2f} | {r['after_backward_ms']:.2f} |"
         )
+    if args.no_failure_only:
+        return
     f, w = ft["failure"], world["failure"]
     print(f"\none failure (2 processes; normal step: ft {ft['normal_ms']:.1f} ms, ddp "
           f"{world['normal_ms']:.1f} ms)")  # fmt: skip
