@@ -8,7 +8,8 @@ The job: a medium MLP (4 x Linear(1024, 1024), 4.2 M parameters), SGD, 32 random
 per process per step, 2 processes on the CPU (gloo on loopback), each launched for real with
 `accel launch`; the lighthouse runs in this process (`serve_lighthouse`, join 1 s, heartbeat
 5 s). Each worker writes one JSON line per optimizer step (start, end, step, committed,
-participants, and for the fault-tolerant engine the seconds spent in the quorum and the commit).
+participants, and for the fault-tolerant engine the seconds the step waited in the quorum
+(torchft's start_quorum and wait_quorum) and the commit).
 
 1. No failure, the same 2 processes: plain DDP (one launch of 2); the fault-tolerant engine
    as 2 replica groups of 1 (the gradient average is torchft's, across groups) and as 1 group
@@ -141,7 +142,8 @@ def worker(out: Path, steps: int, save_every: int, started: float) -> None:
 
 def _time_calls(manager: object, spent: dict[str, float]) -> None:
     """Add the seconds spent in the manager's quorum and commit to `spent`."""
-    for name, key in (("start_quorum", "quorum"), ("should_commit", "commit")):
+    calls = (("start_quorum", "quorum"), ("wait_quorum", "quorum"), ("should_commit", "commit"))
+    for name, key in calls:
         call = getattr(manager, name)
 
         def timed(*args: object, _call=call, _key=key, **kwargs: object) -> object:
