@@ -139,11 +139,13 @@ def test_a_cut_host_leaves_the_other_group_training_and_heals_when_back(
     gaps = [b["t1"] - a["t1"] for a, b in itertools.pairwise(first)]
     assert max(gaps) < bound, (max(gaps), bound)
     # group 1 relaunched: healed from group 0 over the cluster network, its first step
-    # group 0's (a step both trained), not 0
+    # group 0's, not 0; behind at that quorum, it sits that step out (group 0 commits it
+    # alone, and group 1 takes its average) and trains with group 0 from the next
     before, rejoined = second[:lost_at], second[lost_at:]
     assert rejoined[0]["step"] > relaunched_at > before[-1]["step"], (before[-1], rejoined[0])
-    joint = {r["step"] for r in first if r["participants"] == 2 and not r["skipped"]}
-    assert rejoined[0]["step"] in joint, rejoined[0]
+    committed = {r["step"]: r["participants"] for r in first if not r["skipped"]}
+    assert rejoined[0]["participants"] == committed[rejoined[0]["step"]] == 1, rejoined[0]
+    assert committed[rejoined[0]["step"] + 1] == 2, rejoined[:2]
     assert [r["step"] for r in rejoined if not r["skipped"]][-1] == STEPS - 1
     # the end: the same weights, optimizer and scheduler state, bit for bit
     a, b = rg._final(out, 0), rg._final(out, 1)

@@ -2,18 +2,25 @@
 failure costs, against restart-the-world, on one job.
 
     uv run python tools/bench/bench_ft.py [--steps N] [--save_every N] [--timeout S]
+                                          [--no_failure_only]
 
 The job: a medium MLP (4 x Linear(1024, 1024), 4.2 M parameters), SGD, 32 random samples
 per process per step, 2 processes on the CPU (gloo on loopback), each launched for real with
 `accel launch`; the lighthouse runs in this process (`serve_lighthouse`, join 1 s, heartbeat
 5 s). Each worker writes one JSON line per optimizer step (start, end, step, committed,
-participants, and for the fault-tolerant engine the seconds spent in the quorum and the commit).
+participants, and for the fault-tolerant engine the seconds the step waited in the quorum
+(torchft's start_quorum and wait_quorum) and the commit).
 
 1. No failure, the same 2 processes: plain DDP (one launch of 2); the fault-tolerant engine
    as 2 replica groups of 1 (the gradient average is torchft's, across groups) and as 1 group
    of 2 (DDP inside the group; the quorum and commit are all that is added). Median step time
    of rank 0 over `--steps` steps after 10 warm-up steps, the median over `--rounds` rounds
-   (each round runs the three in turn); ratio to DDP.
+   (each round runs the three in turn); ratio to DDP, and each round's ratio to that round's
+   DDP (on a shared machine the load moves between rounds more than within one). Also the median time from the end of
+   the backward to the end of `optimizer.step()` (the cross-group average, the commit and
+   the optimizer's own step). A launch that loses its port to another process (picked free,
+   taken before torchrun binds it) is launched again 5 s later, up to 8 times
+   (other work on a shared machine can hold most ephemeral ports in TIME_WAIT).
 2. One failure, fault tolerant (2 groups of 1): group 1 is SIGKILLed (launcher and worker)
    once the run is at step 20; it is relaunched 10 steps of the survivor later. Lost time =
    wall time from the start of the step in progress at the kill to the end of the first step
@@ -51,6 +58,7 @@ HERE = Path(__file__).resolve()
 WIDTH, LAYERS, BATCH = 1024, 4, 32
 WARMUP = 10
 KILL_AT, REJOIN_AFTER = 20, 10
+ATTEMPTS = 8  # launches of one engine in one round when its port was taken meanwhile
 
 
 # -- the worker (run by `accel launch`) ------------------------------------------------------
@@ -112,6 +120,7 @@ def worker(out: Path, steps: int, save_every: int, started: float) -> None:
         loss = nn.functional.mse_loss(model(x), y)
         step = strategy.current_step if manager is not None else step  # a healed group's
         accelerator.backward(loss)
+        backward = time.time()
         optimizer.step()
         optimizer.zero_grad()
         t1 = time.time()
@@ -119,6 +128,7 @@ def worker(out: Path, steps: int, save_every: int, started: float) -> None:
         progress.step += committed
         record = {
             "step": step, "t0": t0, "t1": t1, "committed": committed, "pid": os.getpid(),
+            "after_backward": t1 - backward,
             "participants": manager.num_participants() if manager is not None else None,
             **spent, "started": started if first else None, "imported": imported,
             "prepared": prepared,
@@ -135,15 +145,21 @@ def worker(out: Path, steps: int, save_every: int, started: float) -> None:
 
 def _time_calls(manager: object, spent: dict[str, float]) -> None:
     """Add the seconds spent in the manager's quorum and commit to `spent`."""
-    for name, key in (("start_quorum", "quorum"), ("should_commit", "commit")):
+    calls = (("start_quorum", "quorum"), ("wait_quorum", "quorum"), ("should_commit", "commit"))
+    inside = [False]  # a synchronous start_quorum calls wait_quorum: counted once
+    for name, key in calls:
         call = getattr(manager, name)
 
         def timed(*args: object, _call=call, _key=key, **kwargs: object) -> object:
+            if inside[0]:
+                return _call(*args, **kwargs)
+            inside[0] = True
             t = time.perf_counter()
             try:
                 return _call(*args, **kwargs)
             finally:
                 spent[_key] += time.perf_counter() - t
+                inside[0] = False
 
         setattr(manager, name, timed)
 
@@ -228,38 +244,55 @@ def no_failure(root: Path, steps: int, rounds: int) -> dict[str, dict]:
     """Each engine once per round (rounds alternate the engines); with 2 groups the
     lighthouse waits for both (min_replicas 2). Per engine: the median over rounds."""
     per_round = [_no_failure(root / f"round{i}", steps) for i in range(rounds)]
-    return {
+    out = {
         name: {k: statistics.median(r[name][k] for r in per_round) for k in per_round[0][name]}
         for name in per_round[0]
     }
+    for name in out:  # each round's ratio to that round's DDP (the load moves between rounds)
+        out[name]["rounds"] = [r[name]["step_ms"] / r["ddp 1x2"]["step_ms"] for r in per_round]
+    return out
 
 
 def _no_failure(root: Path, steps: int) -> dict[str, dict]:
     total = WARMUP + steps
     results = {}
     for name, groups in (("ddp 1x2", 0), ("ft 2x1", 2), ("ft 1x2", 1)):
-        out = root / name.replace(" ", "_")
-        out.mkdir(parents=True)
-        server = serve_lighthouse(max(groups, 1), "127.0.0.1:0")
-        address = server.address()
-        try:
-            if not groups:
-                procs = [launch(out, total, processes=2)]
-            elif groups == 2:
-                procs = [launch(out, total, processes=1, ft=(g, 2, address)) for g in (0, 1)]
-            else:
-                procs = [launch(out, total, processes=2, ft=(0, 1, address))]
-            wait_all(procs, out)
-        finally:
-            server.shutdown()
+        for attempt in range(ATTEMPTS):  # a port picked free may be taken before it is bound
+            out = root / name.replace(" ", "_") / str(attempt)
+            out.mkdir(parents=True)
+            try:
+                _run_engine(out, total, groups)
+                break
+            except SystemExit as err:
+                if "EADDRINUSE" not in str(err) or attempt == ATTEMPTS - 1:
+                    raise
+                print(f"{name}: a port was taken, launching again in 5 s", flush=True)
+                time.sleep(5)
         recs = records(out)[WARMUP:]
         assert all(r["committed"] and r["participants"] in (None, groups) for r in recs)
         results[name] = {
             "step_ms": 1e3 * statistics.median(r["t1"] - r["t0"] for r in recs),
             "quorum_ms": 1e3 * statistics.median(r["quorum"] for r in recs),
             "commit_ms": 1e3 * statistics.median(r["commit"] for r in recs),
+            "after_backward_ms": 1e3 * statistics.median(r["after_backward"] for r in recs),
         }
     return results
+
+
+def _run_engine(out: Path, total: int, groups: int) -> None:
+    """Plain DDP (groups 0), 2 groups of 1 or 1 group of 2, to the end."""
+    server = serve_lighthouse(max(groups, 1), "127.0.0.1:0")
+    address = server.address()
+    try:
+        if not groups:
+            procs = [launch(out, total, processes=2)]
+        elif groups == 2:
+            procs = [launch(out, total, processes=1, ft=(g, 2, address)) for g in (0, 1)]
+        else:
+            procs = [launch(out, total, processes=2, ft=(0, 1, address))]
+        wait_all(procs, out)
+    finally:
+        server.shutdown()
 
 
 # -- 2. one failure, fault tolerant ----------------------------------------------------------
@@ -382,6 +415,7 @@ def main() -> None:
     parser.add_argument("--save_every", type=int, default=10)
     parser.add_argument("--timeout", type=float, default=10.0)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--no_failure_only", action="store_true", help="only part 1")
     args = parser.parse_args()
     if args.worker:
         return worker(args.worker, args.steps, args.save_every, STARTED)
@@ -391,18 +425,23 @@ def main() -> None:
     root.mkdir(parents=True, exist_ok=True)
     print(f"load average at start: {os.getloadavg()}; out: {root}", flush=True)
     steady = no_failure(root, args.steps, args.rounds)
-    ft = ft_failure(root, args.timeout)
-    world = restart_the_world(root, args.save_every)
+    if not args.no_failure_only:
+        ft = ft_failure(root, args.timeout)
+        world = restart_the_world(root, args.save_every)
     print(f"load average at end: {os.getloadavg()}")
     ddp = steady["ddp 1x2"]["step_ms"]
     print(f"\nno failure: median step of rank 0 over {args.steps} steps (2 processes), "
           f"median of {args.rounds} rounds")  # fmt: skip
-    print("| engine | step (ms) | / DDP | quorum (ms) | commit (ms) |\n|---|---|---|---|---|")
+    print("| engine | step (ms) | / DDP | each round / its DDP | quorum (ms) | commit (ms) | "
+          "after backward (ms) |\n|---|---|---|---|---|---|---|")  # fmt: skip
     for name, r in steady.items():
+        rounds = ", ".join(f"{x:.2f}" for x in r["rounds"])
         print(
-            f"| {name} | {r['step_ms']:.1f} | {r['step_ms'] / ddp:.3f} | "
-            f"{r['quorum_ms']:.2f} | {r['commit_ms']:.2f} |"
+            f"| {name} | {r['step_ms']:.1f} | {r['step_ms'] / ddp:.3f} | {rounds} | "
+            f"{r['quorum_ms']:.2f} | {r['commit_ms']:.2f} | {r['after_backward_ms']:.2f} |"
         )
+    if args.no_failure_only:
+        return
     f, w = ft["failure"], world["failure"]
     print(f"\none failure (2 processes; normal step: ft {ft['normal_ms']:.1f} ms, ddp "
           f"{world['normal_ms']:.1f} ms)")  # fmt: skip

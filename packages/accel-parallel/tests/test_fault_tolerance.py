@@ -27,13 +27,43 @@ def test_a_plugin_refuses_what_no_run_could_do() -> None:
     assert lighthouse_from(plugin, {"TORCHFT_LIGHTHOUSE": "h:1"}) == "http://h:1"
 
 
+def test_a_timeout_at_or_below_the_lighthouse_heartbeat_is_refused() -> None:
+    """After a loss, the survivors' quorum waits out the dead group's heartbeat: a quorum
+    timeout that is not above it would fail them. The message names both values and the fix."""
+    with pytest.raises(ValueError) as refused:
+        FaultTolerancePlugin(replica_group_id=0, num_replica_groups=2, timeout=5)
+    message = str(refused.value)
+    assert "timeout=5 s is at or below the lighthouse's heartbeat timeout" in message
+    assert "heartbeat_timeout_ms=5000" in message  # the default, as `accel lighthouse`'s
+    assert "--ft_timeout" in message and "timeout=10" in message  # the fix
+    assert "--heartbeat_timeout_ms" in message and "--ft_heartbeat_timeout_ms" in message
+    with pytest.raises(ValueError, match=r"timeout=20 s .*\(heartbeat_timeout_ms=30000"):
+        FaultTolerancePlugin.from_launch(
+            {"replica_group_id": 0, "num_replica_groups": 2, "timeout": 20.0,
+             "heartbeat_timeout_ms": 30000}
+        )  # fmt: skip
+    with pytest.raises(ValueError, match=r"heartbeat_timeout_ms=0: expected milliseconds > 0"):
+        FaultTolerancePlugin(replica_group_id=0, num_replica_groups=2, heartbeat_timeout_ms=0)
+    # above it: accepted, from the plugin and from `accel launch --ft_*` flags
+    FaultTolerancePlugin(replica_group_id=0, num_replica_groups=2, timeout=5.5)
+    FaultTolerancePlugin(
+        replica_group_id=0, num_replica_groups=2, timeout=2, heartbeat_timeout_ms=1000
+    )
+    plugin = FaultTolerancePlugin.from_launch(
+        {"replica_group_id": 1, "num_replica_groups": 2, "timeout": 61.0,
+         "heartbeat_timeout_ms": 60000}
+    )  # fmt: skip
+    assert (plugin.timeout, plugin.heartbeat_timeout_ms) == (61.0, 60000)
+
+
 @pytest.mark.needs("torchft")
 def test_an_unreachable_lighthouse_fails_within_the_timeout(monkeypatch) -> None:
     for name in ("MASTER_ADDR", "MASTER_PORT", "TORCHFT_LIGHTHOUSE"):
         monkeypatch.delenv(name, raising=False)
     plugin = FaultTolerancePlugin(
-        replica_group_id=0, num_replica_groups=1, lighthouse="http://127.0.0.1:9", timeout=2
-    )
+        replica_group_id=0, num_replica_groups=1, lighthouse="http://127.0.0.1:9", timeout=2,
+        heartbeat_timeout_ms=1000,
+    )  # fmt: skip
     info = ProcessInfo(torch.device("cpu"))
     strategy = resolve_strategy(info, fault_tolerance=plugin).strategy
     assert strategy.name == "fault_tolerant"

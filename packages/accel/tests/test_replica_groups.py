@@ -270,3 +270,16 @@ def _closes(host: str, port: int, within: float = 20.0) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+def test_every_ft_launch_flag_reaches_a_field_of_the_plugin() -> None:
+    """`accel launch --ft_*` flags become the worker's FaultTolerancePlugin: each names one of
+    its fields (--ft_heartbeat_timeout_ms included, which the timeout is checked against)."""
+    import dataclasses
+
+    from accel.utils import FaultTolerancePlugin
+    from accel_cli._flags import SECTION_KEYS
+
+    fields = {f.name for f in dataclasses.fields(FaultTolerancePlugin)}
+    keys = {key for section, key in SECTION_KEYS.values() if section == "fault_tolerance_config"}
+    assert "heartbeat_timeout_ms" in keys and keys <= fields, keys - fields

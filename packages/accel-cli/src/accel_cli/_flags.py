@@ -359,7 +359,9 @@ _FT = (
     _f("ft_lighthouse", help="The lighthouse's address, http://HOST:PORT (`accel lighthouse` "
        "prints it; default: $TORCHFT_LIGHTHOUSE)."),
     _f("ft_timeout", 30.0, float, help="Seconds for connecting, a quorum, a collective, a "
-       "commit."),
+       "commit; above the lighthouse's heartbeat timeout (a survivor's quorum waits that long)."),
+    _f("ft_heartbeat_timeout_ms", 5000, int, help="The lighthouse's --heartbeat_timeout_ms "
+       "(default 5000, as `accel lighthouse`'s): --ft_timeout must exceed it."),
     _f("ft_semi_sync", choices=("local_sgd", "diloco"), help="Synchronize every "
        "--ft_sync_every steps instead of every step: local_sgd averages the weights, diloco "
        "the pseudo-gradients (outer Nesterov SGD)."),

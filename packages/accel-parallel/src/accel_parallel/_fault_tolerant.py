@@ -1,13 +1,22 @@
 """Data parallel over replica groups that survive each other's failures (torchft).
 
 Inside a group (one `accel launch`) gradients are averaged by plain DDP; across groups by
-torchft's Manager, per optimizer step: the step's quorum is taken at its first training
-forward (or at `optimizer.step()` if none came first), synchronously, so that a group that
-joins is healed from a live peer before it computes anything (torchft's asynchronous quorum
-would let the joiner add zero gradients to its first step: half a gradient with two groups);
-the gradients are averaged over the groups in the quorum when the optimizer steps; the
-optimizer steps only if every group commits (a refused commit skips the step, as an fp16
-overflow does). A dead group costs the others one refused step and a quorum without it.
+torchft's Manager, per optimizer step: the step's quorum is asked for at its first training
+forward (or at `optimizer.step()` if none came first) and answered while the forward and
+backward run (torchft's asynchronous quorum: the lighthouse's round trip is off the step's
+path); the gradients are averaged over the groups in the quorum when the optimizer steps; the
+optimizer steps only if every rank of the group commits (a refused commit skips the step, as
+an fp16 overflow does). A dead group costs the others one refused step and a quorum without
+it.
+
+A process's first quorum is waited for before its first forward, so that a group that starts
+or rejoins is healed from a live peer before it computes anything (every group starts from
+the first group's state). A group that is behind its peers at a quorum (it rejoined, or its
+own commit was refused while theirs passed) does not take part in that step: torchft counts
+only the groups at the newest step, so the average is theirs (its gradients are zeroed, not
+diluted into it), and it loads a peer's state before its optimizer steps with that average.
+A group alone in its quorum skips the cross-group average (there is nothing to average).
+The semi-synchronous modes keep torchft's synchronous quorum, which its DiLoCo requires.
 """
 
 from __future__ import annotations
@@ -203,7 +212,7 @@ class FaultTolerantStrategy(Strategy):
                 load_state_dict=self._load_healed,
                 state_dict=self._healing_state,
                 min_replica_size=self.plugin.min_replica_groups,
-                use_async_quorum=False,
+                use_async_quorum=self.plugin.semi_sync is None,
                 timeout=timeout,
                 quorum_timeout=timeout,
                 connect_timeout=timeout,
@@ -254,26 +263,42 @@ class FaultTolerantStrategy(Strategy):
                 self._open_quorum()
 
     def _start(self) -> None:
-        """The first quorum (every group from one state: torchft heals the others from the
-        first group at step 0, or a rejoining group from a peer); semi-synchronous: the
-        wrapper, whose first sync takes the first quorum."""
+        """The first quorum, waited for and its healing applied before anything is computed
+        (every group from one state: torchft heals the others from the first group at step
+        0, or a rejoining group from a peer); semi-synchronous: the wrapper, whose first sync
+        takes the first quorum."""
         if self._started:
             return
         self._started = True
         if self.plugin.semi_sync is None:
             self._open_quorum()
+            self._wait_quorum(heal=True)
         else:  # groups start from one seed; its first sync heals only a rejoining group
             self._semi_sync = self._make_semi_sync()
 
     def _open_quorum(self) -> None:
+        """Ask for this step's quorum; torchft answers it on its own thread."""
         if self._quorum_open:
             return
         self.manager.start_quorum()
         self._quorum_open = True
+
+    def _wait_quorum(self, *, heal: bool = False) -> None:
+        """Wait for the step's quorum. `heal`: load a peer's state now if the quorum heals
+        this group (what torchft's synchronous quorum does; otherwise its commit does)."""
+        manager = self.manager
+        manager.wait_quorum()
+        if heal and manager._healing:
+            manager._apply_pending_state_dict()
+            manager._healing = False
         self._check_quorum()
 
+    def _quorum_ranks(self) -> list[int]:
+        """The global ranks of this rank's peers in the last quorum (one per group)."""
+        return list(getattr(self.manager._pg, "_global_ranks", None) or [])
+
     def _check_quorum(self) -> None:
-        ranks = getattr(self.manager._pg, "_global_ranks", None) or []
+        ranks = self._quorum_ranks()
         if len(set(ranks)) != len(ranks):
             twice = sorted({r // self.info.num_processes for r in ranks if ranks.count(r) > 1})
             raise ValueError(
@@ -302,6 +327,7 @@ class FaultTolerantStrategy(Strategy):
         if self.plugin.semi_sync is not None:  # torchft's hooks on `optimizer` sync every k
             return super().optimizer_step(optimizer, precision)
         self._open_quorum()
+        self._wait_quorum()
         self._average_gradients(optimizer)
         self._quorum_open = False
         if not self.manager.should_commit():
@@ -309,6 +335,14 @@ class FaultTolerantStrategy(Strategy):
         return super().optimizer_step(optimizer, precision)
 
     def _average_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        """Average the gradients over the groups in the quorum (one flat all-reduce per
+        dtype). A group alone in its quorum (a run of one group, a survivor) skips it: its
+        gradients are the average already, and the flat buffer's copies in and out are two
+        passes over every gradient before the commit. Alone means no other group in the
+        quorum's process group, not one participant: a healing peer takes part in the
+        all-reduce without being counted."""
+        if self.manager.errored() is None and len(self._quorum_ranks()) == 1:
+            return
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         for p in params:
             if p.grad is None:

@@ -20,6 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 __all__ = [
+    "DEFAULT_HEARTBEAT_TIMEOUT_MS",
     "SEMI_SYNC_MODES",
     "TORCHFT_LIGHTHOUSE",
     "FaultTolerancePlugin",
@@ -27,12 +28,15 @@ __all__ = [
     "import_torchft",
     "lighthouse_from",
     "serve_lighthouse",
+    "timeout_refusal",
 ]
 
 # The lighthouse's address when neither the plugin nor `accel launch --ft_lighthouse` gives
 # one (torchft's own variable).
 TORCHFT_LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"
 SEMI_SYNC_MODES = ("local_sgd", "diloco")
+# The lighthouse drops a group silent this long (`accel lighthouse`'s and torchft's default).
+DEFAULT_HEARTBEAT_TIMEOUT_MS = 5000
 _INSTALL = 'pip install "accel-parallel[ft]"'
 
 
@@ -56,7 +60,9 @@ class FaultTolerancePlugin:
     `accel launch`); `min_replica_groups`: the fewest groups a step commits with;
     `lighthouse`: the lighthouse's address, ``http://HOST:PORT`` (`accel lighthouse` prints it;
     None: ``$TORCHFT_LIGHTHOUSE``); `timeout`: seconds for connecting, a quorum, a collective
-    and a commit (a dead group costs the others about this much). `semi_sync`: None (every
+    and a commit (a dead group costs the others about this much); `heartbeat_timeout_ms`: the
+    lighthouse's (`accel lighthouse --heartbeat_timeout_ms`, default 5000 there and in
+    torchft), which `timeout` must exceed (`timeout_refusal`). `semi_sync`: None (every
     step synchronous), ``"local_sgd"`` (weights averaged every `sync_every` steps) or
     ``"diloco"`` (pseudo-gradients averaged every `sync_every` steps and applied by
     `outer_optimizer(params)`, default SGD lr 0.7, Nesterov momentum 0.9).
@@ -67,6 +73,7 @@ class FaultTolerancePlugin:
     min_replica_groups: int = 1
     lighthouse: str | None = None
     timeout: float = 30.0
+    heartbeat_timeout_ms: int = DEFAULT_HEARTBEAT_TIMEOUT_MS
     semi_sync: str | None = None
     sync_every: int = 1
     outer_optimizer: Callable[[Any], torch.optim.Optimizer] | None = None
@@ -88,6 +95,8 @@ class FaultTolerancePlugin:
             )
         if self.timeout <= 0:
             raise ValueError(f"timeout={self.timeout}: expected seconds > 0.")
+        if (why := timeout_refusal(self.timeout, self.heartbeat_timeout_ms)) is not None:
+            raise ValueError(why)
         if self.semi_sync not in (None, *SEMI_SYNC_MODES):
             raise ValueError(
                 f"semi_sync={self.semi_sync!r}: expected None, 'local_sgd' or 'diloco'."
@@ -111,6 +120,30 @@ class FaultTolerancePlugin:
         if unknown:
             raise ValueError(f"fault_tolerance_config: unknown keys {unknown}; known: {known}.")
         return cls(**dict(section))
+
+
+def timeout_refusal(timeout: float, heartbeat_timeout_ms: int) -> str | None:
+    """Why a group's `timeout` (seconds) cannot work with the lighthouse's heartbeat timeout
+    (None: it can). After a group dies, the lighthouse counts it alive until its last
+    heartbeat is `heartbeat_timeout_ms` old, so the survivors' next quorum waits about that
+    long: a quorum timeout at or below it fails the survivors instead of leaving them alone.
+    Refused rather than raised to fit, because `timeout` also bounds every collective and
+    commit, which the user chose."""
+    if heartbeat_timeout_ms <= 0:
+        return f"heartbeat_timeout_ms={heartbeat_timeout_ms}: expected milliseconds > 0."
+    heartbeat = heartbeat_timeout_ms / 1000
+    if timeout > heartbeat:
+        return None
+    return (
+        f"timeout={timeout:g} s is at or below the lighthouse's heartbeat timeout "
+        f"(heartbeat_timeout_ms={heartbeat_timeout_ms}, {heartbeat:g} s): after a group dies, "
+        f"the others' next quorum waits that long for the lighthouse to drop it, so their "
+        f"quorum would time out and they would fail instead of training on. The timeout must "
+        f"exceed the heartbeat timeout: pass timeout={2 * heartbeat:g} (--ft_timeout; twice "
+        f"the heartbeat leaves room for a loaded machine), or start the lighthouse with a "
+        f"shorter --heartbeat_timeout_ms and give the groups the same value "
+        f"(--ft_heartbeat_timeout_ms)."
+    )
 
 
 def lighthouse_from(plugin: FaultTolerancePlugin, environ: Mapping[str, str]) -> str:
@@ -155,7 +188,7 @@ def serve_lighthouse(
     bind: str = "0.0.0.0:0",
     *,
     join_timeout_ms: int = 1000,
-    heartbeat_timeout_ms: int = 5000,
+    heartbeat_timeout_ms: int = DEFAULT_HEARTBEAT_TIMEOUT_MS,
     quorum_tick_ms: int = 100,
 ) -> Any:
     """Start torchft's lighthouse on `bind` (HOST:PORT; port 0 picks one) and return it

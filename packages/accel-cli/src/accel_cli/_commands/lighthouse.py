@@ -75,6 +75,13 @@ def run(args: argparse.Namespace) -> int:
     except Exception as err:  # the port is taken, the address is not this machine's
         raise SystemExit(f"accel lighthouse: cannot serve on {args.bind}: {err}") from None
     print(f"lighthouse at {_reachable(server.address(), args.bind)}", flush=True)
+    heartbeat = args.heartbeat_timeout_ms
+    print(
+        f"replica groups: --ft_timeout above {heartbeat / 1000:g} s (this heartbeat timeout)"
+        + ("" if heartbeat == 5000 else f" and --ft_heartbeat_timeout_ms {heartbeat}"),
+        file=sys.stderr,
+        flush=True,
+    )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
