@@ -1,0 +1,372 @@
+"""Checkpoint planning and commit, the data position, step metrics and estimate-memory at N
+ranks, by simulation (the checkpoint paths of tools/bench/bench_scale.py).
+
+FSDP2 (a Llama-3-8B's 291 tensors, Shard(0) over N; `accel_testkit.scale_plans` builds every
+rank's DCP SavePlan from the sharding arithmetic, item for item what torch's
+create_default_local_save_plan makes of DTensors):
+
+- `save_fsdp2_dcp`: coordinator_s is accel's planner (accel_parallel.checkpoint's
+  SavePlanner) making the global plan and metadata of all N plans; per_rank_s one rank's
+  real local plan (torch's planner over 291 real DTensors of a DeviceMesh on a fake process
+  group of N); bytes the pickled .metadata the coordinator writes; files those of the whole
+  checkpoint (model and optimizer folders: WRITE_THREADS files per rank each, the RNG and
+  accel process file per rank, the shared files and the marker).
+- `save_fsdp2_dcp_torch`: torch's DefaultSavePlanner on the same plans (its global plan and
+  metadata are compared with accel's: they must be equal).
+- `load_fsdp2_dcp`: per_rank_s one rank's resume planning: reading the .metadata and accel's
+  LoadPlanner's local plan over real DTensors (torch's DefaultLoadPlanner in the note);
+  bytes what each rank reads (the whole .metadata, as torch's loader does).
+- `save_ddp`, `save_zero`: the files of a checkpoint and accel's marker: the real
+  `finalize` over a folder of empty files with the checkpoint's names (coordinator_s, bytes
+  of the marker), ZeRO-3 with DeepSpeed's naming rule.
+- `data_position`: the real accel-data loader state a rank saves for the exact data position
+  (a prepared loader, rank 0 of N), its bytes, the files (one per rank) and the conversion on
+  resume (`continue_data_position`).
+- `step_metrics`: the collectives per logged step that the step metrics add (a real
+  Accelerator with log_step_metrics over a fake process group of N: calls with and without).
+- `estimate_memory`: the real `accel estimate-memory` command (accel_cli.main) for a
+  Llama-3-8B config.json at --num_processes N.
+
+The optimizer adds twice the model's sharded tensors (Adam's two moments) and a 0-d step per
+parameter: its planning costs about 2x the model's; `--optimizer` figures are in the report.
+
+    uv run python tools/bench/bench_scale.py --paths save_fsdp2_dcp load_fsdp2_dcp \
+        save_fsdp2_dcp_torch --ns 2816            # the 2,816-rank figure
+    uv run python tools/bench/bench_scale.py --ns 16384 --paths save_fsdp2_dcp  # past LIMITS
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import pickle
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from accel_testkit import scale_plans
+
+MODEL = scale_plans.llama_tensors()
+_PLANS: dict[int, tuple[list, Any]] = {}  # n -> (local plans, accel's (global plan, metadata))
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def _write_threads() -> int:
+    from accel_parallel._io import WRITE_THREADS
+
+    return WRITE_THREADS
+
+
+def _with_storage(global_plan: list, metadata: Any) -> Any:
+    """The metadata as FileSystemWriter writes it: storage_data gives each item its file
+    (``__<rank>_<i>.distcp``), offset and length."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    threads = _write_threads()
+    storage = {}
+    for rank, plan in enumerate(global_plan):
+        for i, item in enumerate(plan.items):
+            length = item.tensor_storage_size() or 0
+            storage[item.index] = _StorageInfo(f"__{rank}_{i % threads}.distcp", 0, length)
+    metadata.storage_data = storage
+    return metadata
+
+
+@contextlib.contextmanager
+def _fake_world(n: int, rank: int = 0):
+    import torch.distributed as dist
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401 (registers "fake")
+
+    try:
+        from torch._C._distributed_c10d import FakeStore
+    except ImportError:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=n)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _dtensor_state(n: int, rank: int) -> dict[str, Any]:
+    """{"model": 291 DTensors}: `rank`'s shards on a DeviceMesh of `n` (a fake group), their
+    local tensors empty CPU tensors (never touched)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    mesh = init_device_mesh("cpu", (n,))
+    state = {}
+    for name, shape in MODEL:
+        local, _ = scale_plans.fsdp2_chunk(shape, n, rank)
+        t = torch.empty(local, dtype=torch.bfloat16)
+        stride = tuple(scale_plans._strides(shape))
+        state[name] = DTensor.from_local(
+            t, mesh, [Shard(0)], shape=torch.Size(shape), stride=stride, run_check=False
+        )
+    return {"model": state}
+
+
+def _plans(n: int) -> tuple[list, Any]:
+    if n not in _PLANS:
+        _PLANS.clear()
+        _PLANS[n] = (scale_plans.fsdp2_save_plans(MODEL, n), None)
+    return _PLANS[n]
+
+
+def save_fsdp2_dcp(n: int) -> dict[str, Any]:
+    from torch.distributed.checkpoint import DefaultSavePlanner
+
+    from accel_parallel.checkpoint import SavePlanner
+
+    plans, _ = _plans(n)
+    seconds, (global_plan, metadata) = _timed(lambda: SavePlanner().create_global_plan(plans))
+    _PLANS[n] = (plans, (global_plan, metadata))
+    with _fake_world(n, rank=n - 1):
+        state = _dtensor_state(n, n - 1)
+        planner = DefaultSavePlanner()
+        per_rank, _ = _timed(lambda: (planner.set_up_planner(state), planner.create_local_plan()))
+    raw = pickle.dumps(_with_storage(global_plan, metadata))
+    rng_and_process, shared, marker = 2, 3, 1
+    files = 2 * (n * _write_threads() + 1) + n * rng_and_process + shared + marker
+    return {
+        "coordinator_s": seconds,
+        "per_rank_s": per_rank,
+        "bytes": len(raw),
+        "files": files,
+        "note": f"model .metadata {len(raw) / n:.0f} B per rank; {files / n:.2f} files per rank",
+    }
+
+
+def save_fsdp2_dcp_torch(n: int) -> dict[str, Any]:
+    from torch.distributed.checkpoint import DefaultSavePlanner
+
+    plans, ours = _plans(n)
+    seconds, theirs = _timed(lambda: DefaultSavePlanner().create_global_plan(plans))
+    same = "" if ours is None else f"; same plan and metadata as accel's: {theirs == ours}"
+    return {"coordinator_s": seconds, "note": f"torch {torch.__version__}{same}"}
+
+
+def load_fsdp2_dcp(n: int) -> dict[str, Any]:
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    from accel_parallel.checkpoint import LoadPlanner
+
+    plans, planned = _plans(n)
+    if planned is None:
+        planned = save_fsdp2_dcp(n) and _PLANS[n][1]
+    raw = pickle.dumps(_with_storage(*planned))
+    read_s, metadata = _timed(lambda: pickle.loads(raw))
+    rank = n // 2
+    with _fake_world(n, rank=rank):
+        state = _dtensor_state(n, rank)
+        ours, theirs = LoadPlanner(), DefaultLoadPlanner()
+        ours.set_up_planner(state, metadata)
+        plan_s, plan = _timed(ours.create_local_plan)
+        theirs.set_up_planner(_dtensor_state(n, rank), metadata)
+        torch_s, torch_plan = _timed(theirs.create_local_plan)
+    same = plan.items == torch_plan.items
+    return {
+        "coordinator_s": 0.0,
+        "per_rank_s": read_s + plan_s,
+        "bytes": len(raw),
+        "note": f"per rank: metadata read {read_s:.3f} s + local plan {plan_s:.4f} s (torch's "
+        f"{torch_s:.4f} s), {len(plan.items)} reads, same as torch's: {same}",
+    }
+
+
+def _commit(names: list[str], meta: dict[str, Any]) -> dict[str, Any]:
+    """The real finalize over empty files named `names`: seconds, marker bytes, files."""
+    from accel._checkpoint._commit import finalize
+
+    with tempfile.TemporaryDirectory() as root:
+        tmp, target = Path(root) / ".ckpt.incomplete", Path(root) / "ckpt"
+        tmp.mkdir()
+        for name in names:
+            (tmp / name).parent.mkdir(exist_ok=True)
+            (tmp / name).touch()
+        seconds, _ = _timed(lambda: finalize(tmp, target, meta, None, fsync=False))
+        marker = (target / "accel_checkpoint.json").stat().st_size
+        files = sum(1 for p in target.rglob("*") if p.is_file())
+    return {"coordinator_s": seconds, "bytes": marker, "files": files}
+
+
+def save_ddp(n: int) -> dict[str, Any]:
+    out = _commit(scale_plans.ddp_files(n), {"format": 2, "num_processes": n})
+    out["note"] = f"marker {out['bytes'] / n:.1f} B per rank (written once, by the owner)"
+    return out
+
+
+def save_zero(n: int) -> dict[str, Any]:
+    names = scale_plans.zero_files(n, stage=3) + scale_plans.ddp_files(n)[3:]
+    names += ["latest", "zero_to_fp32.py", "scheduler.bin"]  # DeepSpeed's, accelerate's
+    out = _commit(names, {"format": 2, "num_processes": n})
+    params = 8_030_261_248
+    out["note"] = (
+        f"ZeRO-3: {out['files'] / n:.2f} files per rank; optimizer partition "
+        f"{params * 12 / n / 2**20:.0f} MiB per rank (fp32 master + 2 moments)"
+    )
+    return out
+
+
+def data_position(n: int) -> dict[str, Any]:
+    from torch.utils.data import DataLoader
+
+    from accel_data import continue_data_position, prepare_data_loader
+
+    loader = DataLoader(list(range(64 * n)), batch_size=4)
+    shard = prepare_data_loader(loader, num_processes=n, process_index=n - 1)
+    it = iter(shard)
+    for _ in range(3):
+        next(it)
+    state = shard.state_dict()
+    buffer = io.BytesIO()
+    save_s, _ = _timed(lambda: torch.save({"dataloaders": [state]}, buffer))
+    total = getattr(shard, "total_batch_size", None)
+    load_s, _ = _timed(lambda: continue_data_position(state, total, total, n))
+    return {
+        "per_rank_s": save_s + load_s,
+        "bytes": buffer.tell(),
+        "files": n,
+        "note": "bytes: one rank's accel_process file part for one loader; files: one per rank",
+    }
+
+
+_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "gather",
+                "scatter", "reduce_scatter_tensor", "barrier", "all_gather_object",
+                "broadcast_object_list", "gather_object", "all_to_all_single")  # fmt: skip
+
+
+@contextlib.contextmanager
+def _counted(counts: dict[str, int]):
+    import torch.distributed as dist
+
+    saved = {name: getattr(dist, name) for name in _COLLECTIVES}
+
+    def wrap(name: str, fn: Callable) -> Callable:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            counts[name] = counts.get(name, 0) + 1
+            return fn(*args, **kwargs)
+
+        return call
+
+    for name, fn in saved.items():
+        setattr(dist, name, wrap(name, fn))
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(dist, name, fn)
+
+
+def _kept(state: Any, bucket: Any) -> Any:
+    """A DDP communication hook that keeps the local gradients (the same with and without the
+    step metrics)."""
+    future: torch.futures.Future = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
+
+
+def _steps(n: int, on: bool, steps: int = 4) -> dict[str, int]:
+    import os
+
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from accel import Accelerator
+
+    env = {"RANK": "0", "WORLD_SIZE": str(n), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}  # fmt: skip
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    counts: dict[str, int] = {}
+    try:
+        with _fake_world(n):
+            acc = Accelerator(cpu=True, log_step_metrics=on)
+            model = torch.nn.Linear(8, 1)
+            data = TensorDataset(torch.randn(4 * n * steps, 8), torch.randn(4 * n * steps, 1))
+            model, opt, loader = acc.prepare(model, torch.optim.SGD(model.parameters(), 0.1),
+                                             DataLoader(data, batch_size=4))  # fmt: skip
+            if hasattr(model, "register_comm_hook"):  # a fake group's all-reduce has no result
+                model.register_comm_hook(None, _kept)
+            with _counted(counts):
+                for x, y in loader:
+                    acc.backward(torch.nn.functional.mse_loss(model(x), y))
+                    opt.step()
+                    opt.zero_grad()
+                    _ = acc.step_metrics if on else None
+            acc.end_training()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return counts
+
+
+def step_metrics(n: int) -> dict[str, Any]:
+    on, off = _steps(n, True), _steps(n, False)
+    added = {k: on.get(k, 0) - off.get(k, 0) for k in set(on) | set(off)}
+    extra = sum(added.values())
+    return {
+        "probes": extra,
+        "bytes": 0 if extra == 0 else None,
+        "note": f"collectives added by the step metrics over 4 logged steps: {extra} "
+        f"(with: {sum(on.values())}, without: {sum(off.values())})",
+    }
+
+
+LLAMA3_8B = {"model_type": "llama", "architectures": ["LlamaForCausalLM"],
+             "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+             "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+             "max_position_embeddings": 8192, "tie_word_embeddings": False}  # fmt: skip
+
+
+def estimate_memory(n: int) -> dict[str, Any]:
+    from accel_cli.main import main
+
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "config.json").write_text(json.dumps(LLAMA3_8B))
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            seconds, code = _timed(
+                lambda: main(["estimate-memory", folder, "--num_processes", str(n), "--json"])
+            )
+    report = json.loads(out.getvalue())
+    fsdp2 = report["per_process"]["bfloat16"]["FSDP2"]
+    return {
+        "coordinator_s": seconds,
+        "note": f"exit {code}; FSDP2 bf16 {fsdp2 / 2**30:.2f} GiB per process",
+    }
+
+
+PATHS: dict[str, Callable[[int], dict[str, Any]]] = {
+    "save_fsdp2_dcp": save_fsdp2_dcp,
+    "save_fsdp2_dcp_torch": save_fsdp2_dcp_torch,
+    "load_fsdp2_dcp": load_fsdp2_dcp,
+    "save_ddp": save_ddp,
+    "save_zero": save_zero,
+    "data_position": data_position,
+    "step_metrics": step_metrics,
+    "estimate_memory": estimate_memory,
+}
+# planning over 4096 x 291 items takes about a minute here; 16384 by hand (--ns 16384)
+LIMITS = {
+    "save_fsdp2_dcp": 4096,
+    "load_fsdp2_dcp": 4096,
+    "save_fsdp2_dcp_torch": 512,
+    "step_metrics": 512,
+}
+
+if __name__ == "__main__":
+    sys.exit("run tools/bench/bench_scale.py --paths " + " ".join(PATHS))
