@@ -38,6 +38,7 @@ parameter: its planning costs about 2x the model's; `--optimizer` figures are in
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import json
 import pickle
@@ -57,9 +58,18 @@ _PLANS: dict[int, tuple[list, Any]] = {}  # n -> (local plans, accel's (global p
 
 
 def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-    start = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - start, out
+    """(seconds, result) of `fn()`, the objects alive before it frozen out of the garbage
+    collector's scans: the millions of plan items built for the simulation would otherwise be
+    scanned again at each collection that `fn`'s allocations trigger, a cost that depends on
+    what ran before, not on the code measured."""
+    gc.collect()
+    gc.freeze()
+    try:
+        start = time.perf_counter()
+        out = fn()
+        return time.perf_counter() - start, out
+    finally:
+        gc.unfreeze()
 
 
 def _write_threads() -> int:

@@ -16,6 +16,7 @@ save_state folder, from DeepSpeed's naming rule and accelerate's layout.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -43,6 +44,7 @@ __all__ = [
     "zero_files",
 ]
 
+_PROPERTY_FIELDS = {f.name for f in dataclasses.fields(TensorProperties)}
 # (hidden, intermediate, layers, kv width, vocab) of Llama-3-8B
 LLAMA_8B = (4096, 14336, 32, 1024, 128256)
 
@@ -99,7 +101,9 @@ def _properties(dtype: torch.dtype, sizes: tuple, cache: dict) -> TensorProperti
     """One TensorProperties per (dtype, sizes), shared by the items that have them."""
     key = (dtype, sizes)
     if key not in cache:
-        cache[key] = TensorProperties(dtype=dtype, strides=_strides(sizes))
+        # torch 2.9's TensorProperties has no strides; later releases record the local one's
+        strides = {"strides": _strides(sizes)} if "strides" in _PROPERTY_FIELDS else {}
+        cache[key] = TensorProperties(dtype=dtype, **strides)
     return cache[key]
 
 
