@@ -22,7 +22,8 @@ from torch.distributed.checkpoint import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
-from accel_parallel.checkpoint import LoadPlanner, SavePlanner
+from accel_parallel.checkpoint import DCP_INDEX, LoadPlanner, SavePlanner
+from accel_parallel.checkpoint._index import IndexedReader, IndexedWriter, read_index, write_index
 from accel_parallel.checkpoint._planners import _read_items_in_order
 from accel_state.testing import run_distributed
 from accel_testkit import scale_plans
@@ -182,6 +183,40 @@ def test_local_load_plan_is_torchs(fake_world):
         assert ours.create_local_plan().items == theirs.create_local_plan().items
 
 
+@pytest.mark.parametrize(("saved", "now"), [(64, 64), (64, 48), (8, 64), (64, 1)])
+def test_chunk_index_gives_each_rank_torchs_reads(tmp_path, saved, now):
+    """Through accel's chunk index a resuming rank gets the Metadata of its own chunks only,
+    and from it the planner makes exactly the reads (and storage entries) torch's makes from
+    the whole .metadata; on the same world that is one chunk per key it holds rows of."""
+    tensors = SMALL + scale_plans.optimizer_tensors(SMALL)[:3]  # a 0-d step kept whole
+    global_plan, metadata = SavePlanner().create_global_plan(
+        scale_plans.fsdp2_save_plans(tensors, saved)
+    )
+    storage = scale_plans.storage_of(global_plan, 4)
+    metadata.storage_data = storage
+    write_index(tmp_path, metadata, storage, fsync=False)
+    for rank in sorted({0, 1, now // 2, 47, now - 1} & set(range(now))):
+        mine = scale_plans.local_chunks(tensors, now, rank)
+        wanted = {k: (None if not v[0].sizes else v) for k, v in mine.items()}
+        partial = read_index(tmp_path / DCP_INDEX, wanted)
+        assert set(partial.state_dict_metadata) == set(mine)
+        for key, chunks in mine.items():
+            full_md = metadata.state_dict_metadata[key]
+            theirs = create_read_items_for_chunk_list(key, full_md, chunks)
+            ours = _read_items_in_order(key, partial.state_dict_metadata[key], chunks)
+            if ours is None:  # the 0-d step: one chunk, kept whole
+                ours = create_read_items_for_chunk_list(
+                    key, partial.state_dict_metadata[key], chunks
+                )
+            assert ours == theirs, (key, rank)
+            for item in ours:
+                assert partial.storage_data[item.storage_index] == storage[item.storage_index]
+        if saved == now:
+            held = sum(1 for v in mine.values() if not v[0].sizes or v[0].sizes[0] > 0)
+            got = sum(len(md.chunks) for md in partial.state_dict_metadata.values())
+            assert got == held
+
+
 def test_checkpoint_file_counts():
     """Files per checkpoint: linear in N, a constant number per rank."""
     for n in (8, 64):
@@ -203,8 +238,10 @@ def _save_sharded(root: str) -> None:
             name: distribute_tensor(value, mesh, [Shard(0)])
             for name, value in expected_state().items()
         }
-        for name, planner in (("accel", SavePlanner()), ("torch", DefaultSavePlanner())):
-            dcp.save({"model": state}, checkpoint_id=os.path.join(root, name), planner=planner)
+        accel = IndexedWriter(os.path.join(root, "accel"))
+        dcp.save({"model": state}, storage_writer=accel, planner=SavePlanner())
+        torch_path = os.path.join(root, "torch")
+        dcp.save({"model": state}, checkpoint_id=torch_path, planner=DefaultSavePlanner())
     finally:
         dist.destroy_process_group()
 
@@ -215,14 +252,21 @@ def expected_state() -> dict[str, torch.Tensor]:
 
 
 def test_saved_by_accel_loads_with_torch_and_back(tmp_path):
-    """Two processes save 2-way sharded tensors, once with each planner; one process loads
-    each with the other's planner (2 chunks per key read into whole tensors)."""
+    """Two processes save 2-way sharded tensors, once as accel does (its planner and chunk
+    index), once as torch does; one process loads accel's with torch's stock loader and
+    torch's with accel's planner and reader, and accel's through its index (2 chunks per key
+    read into whole tensors)."""
     run_distributed(_save_sharded, str(tmp_path), world_size=2, timeout=120)
-    for planner in ("accel", "torch"):
-        folder = str(tmp_path / planner)
+    assert (tmp_path / "accel" / DCP_INDEX).is_file()
+    assert not (tmp_path / "torch" / DCP_INDEX).exists()
+    for planner, folder in (("torch", "accel"), ("accel", "torch"), ("accel", "accel")):
+        folder = str(tmp_path / folder)
         state = {"model": {k: torch.zeros_like(v) for k, v in expected_state().items()}}
-        loader = DefaultLoadPlanner() if planner == "accel" else LoadPlanner()
-        dcp.load(state, checkpoint_id=folder, planner=loader, no_dist=True)
+        if planner == "torch":
+            dcp.load(state, checkpoint_id=folder, no_dist=True)
+        else:
+            reader = IndexedReader(folder, state)
+            dcp.load(state, storage_reader=reader, planner=LoadPlanner(), no_dist=True)
         for name, value in expected_state().items():
             assert torch.equal(state["model"][name], value), (planner, name)
         with open(os.path.join(folder, ".metadata"), "rb") as f:

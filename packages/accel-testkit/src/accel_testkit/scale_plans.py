@@ -41,6 +41,7 @@ __all__ = [
     "llama_tensors",
     "local_chunks",
     "optimizer_tensors",
+    "storage_of",
     "zero_files",
 ]
 
@@ -152,6 +153,22 @@ def fsdp2_save_plans(
             )
         plans.append(SavePlan(items, planner_data=mappings))
     return plans
+
+
+def storage_of(global_plan: list[SavePlan], threads: int) -> dict[Any, Any]:
+    """The storage entries FileSystemWriter returns for `global_plan`: each rank's items
+    spread over its `threads` files ``__<rank>_<i>.distcp`` (lengths: the items' bytes)."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    storage = {}
+    offsets: dict[str, int] = {}
+    for rank, plan in enumerate(global_plan):
+        for i, item in enumerate(plan.items):
+            name = f"__{rank}_{i % threads}.distcp"
+            length = item.tensor_storage_size() or 0
+            storage[item.index] = _StorageInfo(name, offsets.get(name, 0), length)
+            offsets[name] = offsets.get(name, 0) + length
+    return storage
 
 
 def local_chunks(tensors: list[tuple[str, tuple]], n: int, rank: int, prefix: str = "model"):

@@ -27,7 +27,8 @@ class DCPWriter:
     """dcp.save, or, for an asynchronous checkpoint, dcp.async_save (the state is staged in
     CPU memory now, written in the background on a gloo group of its own, so that its
     collectives never interleave with the training's or another piece's), planned by
-    accel's SavePlanner (torch's plan, validated in linear time: `_planners`).
+    accel's SavePlanner (torch's plan, validated in linear time: `_planners`), the
+    coordinator writing accel's chunk index beside DCP's ``.metadata`` (`_index`).
 
     Each process writes its shard as WRITE_THREADS files from as many threads, fsynced unless
     the save runs inside `deferred_fsync(enabled=False)`. An asynchronous save stages into the
@@ -43,11 +44,10 @@ class DCPWriter:
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
 
+        from accel_parallel.checkpoint._index import IndexedWriter
         from accel_parallel.checkpoint._planners import SavePlanner
 
-        writer = dcp.FileSystemWriter(
-            folder, thread_count=WRITE_THREADS, sync_files=fsync_enabled()
-        )
+        writer = IndexedWriter(folder, thread_count=WRITE_THREADS, sync_files=fsync_enabled())
         if not staging():
             dcp.save(state, storage_writer=writer, planner=SavePlanner())
             return
@@ -95,7 +95,8 @@ def dcp_data_in_store(local: Path, url: str) -> Iterator[None]:
 
 def load(state: dict[str, Any], folder: Path) -> None:
     """Fill `state` (laid out as this process holds it) from the DCP folder, in place
-    (planned by accel's LoadPlanner: torch's reads, found by binary search)."""
+    (planned by accel's LoadPlanner: torch's reads, found by binary search; from a local
+    folder, through accel's chunk index when the folder has one: `_index`)."""
     import torch.distributed.checkpoint as dcp
 
     from accel_parallel.checkpoint._planners import LoadPlanner
@@ -108,7 +109,9 @@ def load(state: dict[str, Any], folder: Path) -> None:
             from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader as reader
         dcp.load(state, storage_reader=reader(url), planner=LoadPlanner())
         return
-    dcp.load(state, checkpoint_id=folder, planner=LoadPlanner())
+    from accel_parallel.checkpoint._index import IndexedReader
+
+    dcp.load(state, storage_reader=IndexedReader(folder, state), planner=LoadPlanner())
 
 
 # -- models -----------------------------------------------------------------------------------
