@@ -6,9 +6,10 @@ rank's DCP SavePlan from the sharding arithmetic, item for item what torch's
 create_default_local_save_plan makes of DTensors):
 
 - `save_fsdp2_dcp`: coordinator_s is accel's planner (accel_parallel.checkpoint's
-  SavePlanner) making the global plan and metadata of all N plans; per_rank_s one rank's
-  real local plan (torch's planner over 291 real DTensors of a DeviceMesh on a fake process
-  group of N); bytes the pickled .metadata the coordinator writes; files those of the whole
+  SavePlanner) making the global plan and metadata of all N plans, then writing accel's chunk
+  index; per_rank_s one rank's real local plan (torch's planner over 291 real DTensors of a
+  DeviceMesh on a fake process group of N); bytes the pickled .metadata and the index the
+  coordinator writes (the model's folder); files those of the whole
   checkpoint (model and optimizer folders: WRITE_THREADS files per rank each, the RNG and
   accel process file per rank, the shared files and the marker).
 - `save_fsdp2_dcp_torch`: torch's DefaultSavePlanner on the same plans (its global plan and
@@ -29,17 +30,19 @@ create_default_local_save_plan makes of DTensors):
 - `estimate_memory`: the real `accel estimate-memory` command (accel_cli.main) for a
   Llama-3-8B config.json at --num_processes N.
 
-The optimizer adds twice the model's sharded tensors (Adam's two moments) and a 0-d step per
-parameter: its planning costs about 2x the model's; `--optimizer` figures are in the report.
+- `save_fsdp2_dcp_optimizer`: the optimizer's folder (Adam's two moments per parameter, a
+  0-d step each): accel's coordinator, torch's DefaultSavePlanner in the note.
 
-    uv run python tools/bench/bench_scale.py --paths save_fsdp2_dcp load_fsdp2_dcp \
-        save_fsdp2_dcp_torch --ns 2816            # the 2,816-rank figure
+    uv run python tools/bench/bench_scale.py --ns 2816 --paths save_fsdp2_dcp \
+        save_fsdp2_dcp_torch save_fsdp2_dcp_optimizer load_fsdp2_dcp load_fsdp2_dcp_torch
+                                                  # the 2,816-rank figures
     uv run python tools/bench/bench_scale.py --ns 16384 --paths save_fsdp2_dcp  # past LIMITS
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import io
 import json
@@ -81,10 +84,10 @@ def _write_threads() -> int:
 
 
 def _with_storage(global_plan: list, metadata: Any) -> Any:
-    """The metadata as FileSystemWriter writes it: storage_data gives each item its file
-    (``__<rank>_<i>.distcp``), offset and length."""
-    metadata.storage_data = scale_plans.storage_of(global_plan, _write_threads())
-    return metadata
+    """A copy of the metadata as FileSystemWriter writes it: storage_data gives each item its
+    file (``__<rank>_<i>.distcp``), offset and length."""
+    storage = scale_plans.storage_of(global_plan, _write_threads())
+    return dataclasses.replace(metadata, storage_data=storage)
 
 
 @contextlib.contextmanager
@@ -100,7 +103,8 @@ def _fake_world(n: int, rank: int = 0):
     try:
         yield
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():  # end_training may have destroyed it
+            dist.destroy_process_group()
 
 
 def _dtensor_state(n: int, rank: int) -> dict[str, Any]:
@@ -121,34 +125,52 @@ def _dtensor_state(n: int, rank: int) -> dict[str, Any]:
     return {"model": state}
 
 
-def _plans(n: int) -> tuple[list, Any]:
-    if n not in _PLANS:
+def _plans(n: int, kind: str = "model") -> tuple[list, Any]:
+    """(every rank's local plan, accel's (global plan, metadata) once made) of the model's or
+    the optimizer's folder at world size `n` (the last one built is kept)."""
+    if (n, kind) not in _PLANS:
         _PLANS.clear()
-        _PLANS[n] = (scale_plans.fsdp2_save_plans(MODEL, n), None)
-    return _PLANS[n]
+        tensors = MODEL if kind == "model" else scale_plans.optimizer_tensors(MODEL)
+        _PLANS[n, kind] = (scale_plans.fsdp2_save_plans(tensors, n, prefix=kind), None)
+    return _PLANS[n, kind]
+
+
+def _coordinate(n: int, kind: str) -> tuple[float, int, Any]:
+    """accel's coordinator on `kind`'s folder: its global plan and metadata, then its chunk
+    index written (seconds, bytes of .metadata and index, the global plan and metadata)."""
+    from accel_parallel.checkpoint import DCP_INDEX, SavePlanner
+    from accel_parallel.checkpoint._index import write_index
+
+    plans, _ = _plans(n, kind)
+    seconds, planned = _timed(lambda: SavePlanner().create_global_plan(plans))
+    _PLANS[n, kind] = (plans, planned)
+    metadata = _with_storage(*planned)
+    with tempfile.TemporaryDirectory() as folder:
+        index_s, _ = _timed(
+            lambda: write_index(Path(folder), metadata, metadata.storage_data, fsync=False)
+        )
+        size = len(pickle.dumps(metadata)) + (Path(folder) / DCP_INDEX).stat().st_size
+    return seconds + index_s, size, planned
 
 
 def save_fsdp2_dcp(n: int) -> dict[str, Any]:
     from torch.distributed.checkpoint import DefaultSavePlanner
 
-    from accel_parallel.checkpoint import SavePlanner
-
-    plans, _ = _plans(n)
-    seconds, (global_plan, metadata) = _timed(lambda: SavePlanner().create_global_plan(plans))
-    _PLANS[n] = (plans, (global_plan, metadata))
+    seconds, size, _ = _coordinate(n, "model")
     with _fake_world(n, rank=n - 1):
         state = _dtensor_state(n, n - 1)
         planner = DefaultSavePlanner()
         per_rank, _ = _timed(lambda: (planner.set_up_planner(state), planner.create_local_plan()))
-    raw = pickle.dumps(_with_storage(global_plan, metadata))
     rng_and_process, shared, marker = 2, 3, 1
-    files = 2 * (n * _write_threads() + 1) + n * rng_and_process + shared + marker
+    folders = 2 * (n * _write_threads() + 2)  # model and optimizer: shards, .metadata, index
+    files = folders + n * rng_and_process + shared + marker
     return {
         "coordinator_s": seconds,
         "per_rank_s": per_rank,
-        "bytes": len(raw),
+        "bytes": size,
         "files": files,
-        "note": f"model .metadata {len(raw) / n:.0f} B per rank; {files / n:.2f} files per rank",
+        "note": f"model .metadata + index {size / n:.0f} B per rank; {files / n:.2f} files per "
+        f"rank (model and optimizer folders, RNG and process files)",
     }
 
 
@@ -156,9 +178,27 @@ def save_fsdp2_dcp_torch(n: int) -> dict[str, Any]:
     from torch.distributed.checkpoint import DefaultSavePlanner
 
     plans, ours = _plans(n)
+    if ours is None:
+        ours = _coordinate(n, "model")[2]
     seconds, theirs = _timed(lambda: DefaultSavePlanner().create_global_plan(plans))
-    same = "" if ours is None else f"; same plan and metadata as accel's: {theirs == ours}"
-    return {"coordinator_s": seconds, "note": f"torch {torch.__version__}{same}"}
+    same = theirs == ours
+    return {"coordinator_s": seconds, "note": f"torch {torch.__version__}; same global plan "
+            f"and metadata as accel's: {same}"}  # fmt: skip
+
+
+def save_fsdp2_dcp_optimizer(n: int) -> dict[str, Any]:
+    """The optimizer folder (Adam: 2 x 291 sharded moments, 291 0-d steps): accel's
+    coordinator, torch's DefaultSavePlanner's in the note."""
+    from torch.distributed.checkpoint import DefaultSavePlanner
+
+    seconds, size, ours = _coordinate(n, "optimizer")
+    plans, _ = _plans(n, "optimizer")
+    torch_s, theirs = _timed(lambda: DefaultSavePlanner().create_global_plan(plans))
+    return {
+        "coordinator_s": seconds,
+        "bytes": size,
+        "note": f"torch's DefaultSavePlanner {torch_s:.2f} s (same plan: {theirs == ours})",
+    }
 
 
 def _resume(n: int, accel: bool) -> dict[str, Any]:
@@ -169,10 +209,9 @@ def _resume(n: int, accel: bool) -> dict[str, Any]:
     from accel_parallel.checkpoint import DCP_INDEX, LoadPlanner
     from accel_parallel.checkpoint import _index as index
 
-    plans, planned = _plans(n)
+    _, planned = _plans(n)
     if planned is None:
-        save_fsdp2_dcp(n)
-        planned = _PLANS[n][1]
+        planned = _coordinate(n, "model")[2]
     metadata = _with_storage(*planned)
     rows_read = [0]
     values = index._Rows._values
@@ -306,7 +345,7 @@ def _counted(counts: dict[str, int]):
             setattr(dist, name, fn)
 
 
-def _kept(state: Any, bucket: Any) -> Any:
+def _kept(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks real annotations
     """A DDP communication hook that keeps the local gradients (the same with and without the
     step metrics)."""
     future: torch.futures.Future = torch.futures.Future()
@@ -319,7 +358,8 @@ def _steps(n: int, on: bool, steps: int = 4) -> dict[str, int]:
 
     from torch.utils.data import DataLoader, TensorDataset
 
-    from accel import Accelerator
+    from accel import Accelerator, StepMetricsKwargs
+    from accel.state import AcceleratorState
 
     env = {"RANK": "0", "WORLD_SIZE": str(n), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}  # fmt: skip
@@ -328,14 +368,15 @@ def _steps(n: int, on: bool, steps: int = 4) -> dict[str, int]:
     counts: dict[str, int] = {}
     try:
         with _fake_world(n):
-            acc = Accelerator(cpu=True, log_step_metrics=on)
+            handlers = [StepMetricsKwargs(print_every=1, log_every=1)] if on else []
+            acc = Accelerator(cpu=True, kwargs_handlers=handlers)
             model = torch.nn.Linear(8, 1)
             data = TensorDataset(torch.randn(4 * n * steps, 8), torch.randn(4 * n * steps, 1))
             model, opt, loader = acc.prepare(model, torch.optim.SGD(model.parameters(), 0.1),
                                              DataLoader(data, batch_size=4))  # fmt: skip
             if hasattr(model, "register_comm_hook"):  # a fake group's all-reduce has no result
                 model.register_comm_hook(None, _kept)
-            with _counted(counts):
+            with _counted(counts), contextlib.redirect_stdout(io.StringIO()):
                 for x, y in loader:
                     acc.backward(torch.nn.functional.mse_loss(model(x), y))
                     opt.step()
@@ -343,6 +384,7 @@ def _steps(n: int, on: bool, steps: int = 4) -> dict[str, int]:
                     _ = acc.step_metrics if on else None
             acc.end_training()
     finally:
+        AcceleratorState._reset_state()
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -390,6 +432,7 @@ def estimate_memory(n: int) -> dict[str, Any]:
 PATHS: dict[str, Callable[[int], dict[str, Any]]] = {
     "save_fsdp2_dcp": save_fsdp2_dcp,
     "save_fsdp2_dcp_torch": save_fsdp2_dcp_torch,
+    "save_fsdp2_dcp_optimizer": save_fsdp2_dcp_optimizer,
     "load_fsdp2_dcp": load_fsdp2_dcp,
     "load_fsdp2_dcp_torch": load_fsdp2_dcp_torch,
     "save_ddp": save_ddp,
@@ -403,8 +446,9 @@ LIMITS = {
     "save_fsdp2_dcp": 4096,
     "load_fsdp2_dcp": 4096,
     "load_fsdp2_dcp_torch": 4096,
-    "save_fsdp2_dcp_torch": 512,
-    "step_metrics": 512,
+    "save_fsdp2_dcp_torch": 2816,  # torch's validation is quadratic: minutes past that
+    "save_fsdp2_dcp_optimizer": 2816,
+    "step_metrics": 4096,
 }
 
 if __name__ == "__main__":

@@ -172,15 +172,26 @@ def test_read_items_are_torchs(saved, now):
             assert ours == theirs, (key, rank)
 
 
-def test_local_load_plan_is_torchs(fake_world):
-    plans = scale_plans.fsdp2_save_plans(SMALL, 64)
-    _, metadata = SavePlanner().create_global_plan(plans)
+def test_local_load_plan_is_torchs(fake_world, tmp_path):
+    """Over real DTensors: accel's planner on the whole metadata, and accel's planner on what
+    IndexedReader reads of the chunk index, both plan torch's reads."""
+    global_plan, metadata = SavePlanner().create_global_plan(
+        scale_plans.fsdp2_save_plans(SMALL, 64)
+    )
+    metadata.storage_data = scale_plans.storage_of(global_plan, 4)
+    write_index(tmp_path, metadata, metadata.storage_data, fsync=False)
     for rank in (0, 47, 63):
         fake_world(64, rank)
-        ours, theirs = LoadPlanner(), DefaultLoadPlanner()
-        ours.set_up_planner({"model": dtensor_state(SMALL, 64, rank)}, metadata)
-        theirs.set_up_planner({"model": dtensor_state(SMALL, 64, rank)}, metadata)
-        assert ours.create_local_plan().items == theirs.create_local_plan().items
+        state = {"model": dtensor_state(SMALL, 64, rank)}
+        theirs = DefaultLoadPlanner()
+        theirs.set_up_planner(state, metadata)
+        expected = theirs.create_local_plan().items
+        ours = LoadPlanner()
+        ours.set_up_planner(state, metadata)
+        assert ours.create_local_plan().items == expected
+        indexed = LoadPlanner()
+        indexed.set_up_planner(state, IndexedReader(tmp_path, state).read_metadata())
+        assert indexed.create_local_plan().items == expected
 
 
 @pytest.mark.parametrize(("saved", "now"), [(64, 64), (64, 48), (8, 64), (64, 1)])
