@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 from accel import Accelerator, ProjectConfiguration
 from accel.utils import set_seed
 from accel_bigmodel import stores
+from accel_parallel.checkpoint import DCP_INDEX
 from accel_state.testing import run_distributed
 from accel_testkit.models import RegressionData
 
@@ -297,8 +298,11 @@ def test_fsdp2_ranks_upload_their_own_shards_and_a_single_process_resumes(s3: st
 
     mine = [sum(size for f, size in sizes.items() if own(f, r)) for r in (0, 1)]
     assert out[1]["uploaded"] == mine[1], (out[1]["uploaded"], mine, sizes)
-    metadata = sum(size for f, size in sizes.items() if f.endswith("/.metadata"))
-    assert out[0]["uploaded"] == mine[0] + metadata  # rank 0 adds DCP's metadata files
+    # rank 0 adds DCP's metadata files and accel's chunk index beside each
+    ends = ("/.metadata", f"/{DCP_INDEX}")
+    metadata = sum(size for f, size in sizes.items() if f.endswith(ends))
+    assert sum(f.endswith(f"/{DCP_INDEX}") for f in files) == 2  # model and optimizer
+    assert out[0]["uploaded"] == mine[0] + metadata
     assert sum(sizes.values()) == mine[0] + mine[1] + metadata + sizes["accel_checkpoint.json"]
     acc = Accelerator(cpu=True)  # one process, another engine: resharded from the store
     torch.manual_seed(1)

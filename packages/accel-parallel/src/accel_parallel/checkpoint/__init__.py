@@ -1,7 +1,11 @@
 """accel-parallel's checkpoint layout: every file name of a save_state folder (accelerate's
-names and accel's extras) and the merge of a sharded FSDP2 model save. The formats that read
-and write these files are the strategies' (full files, DCP folders, DeepSpeed's tag folders).
+names and accel's extras), the merge of a sharded FSDP2 model save, and the DCP planners that
+every sharded save and load uses (linear on the coordinator at any world size). The formats
+that read and write these files are the strategies' (full files, DCP folders, DeepSpeed's tag
+folders).
 """
+
+from typing import Any
 
 from accel_parallel.checkpoint._dcp import dcp_data_in_store
 from accel_parallel.checkpoint._layout import (
@@ -9,6 +13,7 @@ from accel_parallel.checkpoint._layout import (
     CHECKPOINTS_FOLDER,
     CUSTOM_NAME,
     CUSTOM_RE,
+    DCP_INDEX,
     FORMAT_VERSION,
     FSDP_MODEL_NAME,
     MARKER,
@@ -59,6 +64,7 @@ __all__ = [
     "CHECKPOINT_RE",
     "CUSTOM_NAME",
     "CUSTOM_RE",
+    "DCP_INDEX",
     "FORMAT_VERSION",
     "FSDP_MODEL_NAME",
     "MARKER",
@@ -78,6 +84,8 @@ __all__ = [
     "WEIGHTS_INDEX_NAME",
     "WEIGHTS_NAME",
     "WEIGHTS_PATTERN_NAME",
+    "LoadPlanner",
+    "SavePlanner",
     "checkpoint_folder",
     "checkpoints_root",
     "complete_checkpoints",
@@ -104,3 +112,16 @@ __all__ = [
     "weights_file",
     "written_flag",
 ]
+
+# imported on first use: torch.distributed.checkpoint's planners cost a second of import
+_LAZY = frozenset({"LoadPlanner", "SavePlanner"})
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'accel_parallel.checkpoint' has no attribute {name!r}")
+    from accel_parallel.checkpoint import _planners
+
+    value = getattr(_planners, name)
+    globals()[name] = value
+    return value

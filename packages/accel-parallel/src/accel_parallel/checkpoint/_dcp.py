@@ -26,7 +26,9 @@ from accel_state import accelerator_entry
 class DCPWriter:
     """dcp.save, or, for an asynchronous checkpoint, dcp.async_save (the state is staged in
     CPU memory now, written in the background on a gloo group of its own, so that its
-    collectives never interleave with the training's or another piece's).
+    collectives never interleave with the training's or another piece's), planned by
+    accel's SavePlanner (torch's plan, validated in linear time: `_planners`), the
+    coordinator writing accel's chunk index beside DCP's ``.metadata`` (`_index`).
 
     Each process writes its shard as WRITE_THREADS files from as many threads, fsynced unless
     the save runs inside `deferred_fsync(enabled=False)`. An asynchronous save stages into the
@@ -42,11 +44,12 @@ class DCPWriter:
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
 
-        writer = dcp.FileSystemWriter(
-            folder, thread_count=WRITE_THREADS, sync_files=fsync_enabled()
-        )
+        from accel_parallel.checkpoint._index import IndexedWriter
+        from accel_parallel.checkpoint._planners import SavePlanner
+
+        writer = IndexedWriter(folder, thread_count=WRITE_THREADS, sync_files=fsync_enabled())
         if not staging():
-            dcp.save(state, storage_writer=writer)
+            dcp.save(state, storage_writer=writer, planner=SavePlanner())
             return
         # One group per piece (model, optimizer, ...): their background saves run at the same
         # time, and collectives of one group never interleave with another's.
@@ -66,8 +69,9 @@ class DCPWriter:
             )
             stager = self._stagers[folder.name] = DefaultStager(options)
         future = dcp.async_save(
-            state, storage_writer=writer, process_group=group, async_stager=stager
-        )
+            state, storage_writer=writer, process_group=group, async_stager=stager,
+            planner=SavePlanner(),
+        )  # fmt: skip
         add_job(future.result)
 
 
@@ -90,8 +94,12 @@ def dcp_data_in_store(local: Path, url: str) -> Iterator[None]:
 
 
 def load(state: dict[str, Any], folder: Path) -> None:
-    """Fill `state` (laid out as this process holds it) from the DCP folder, in place."""
+    """Fill `state` (laid out as this process holds it) from the DCP folder, in place
+    (planned by accel's LoadPlanner: torch's reads, found by binary search; from a local
+    folder, through accel's chunk index when the folder has one: `_index`)."""
     import torch.distributed.checkpoint as dcp
+
+    from accel_parallel.checkpoint._planners import LoadPlanner
 
     in_store = _IN_STORE.get()
     if in_store is not None and folder.is_relative_to(in_store[0]):
@@ -99,9 +107,11 @@ def load(state: dict[str, Any], folder: Path) -> None:
         reader = getattr(dcp, "FsspecReader", None)
         if reader is None:  # torch 2.9 keeps it in a private module
             from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader as reader
-        dcp.load(state, storage_reader=reader(url))
+        dcp.load(state, storage_reader=reader(url), planner=LoadPlanner())
         return
-    dcp.load(state, checkpoint_id=folder)
+    from accel_parallel.checkpoint._index import IndexedReader
+
+    dcp.load(state, storage_reader=IndexedReader(folder, state), planner=LoadPlanner())
 
 
 # -- models -----------------------------------------------------------------------------------

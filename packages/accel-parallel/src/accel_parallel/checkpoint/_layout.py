@@ -18,7 +18,9 @@ accel's extras, which accelerate ignores:
 - ``accel_process_<rank>.pt`` per process: each prepared dataloader's exact position, the
   gradient-accumulation state and, in the middle of an accumulation, the gradients;
 - ``accel_checkpoint.json``, written last: the completion marker, with the number of
-  processes, the data-parallel size and mesh the run had, and what was saved.
+  processes, the data-parallel size and mesh the run had, and what was saved;
+- ``.accel_chunks`` in each DCP folder: the chunk index beside DCP's ``.metadata``, from
+  which a resuming rank reads only the chunks it loads (`_index`; DCP ignores it).
 
 A folder without the marker is accelerate's: it is complete when accelerate's last per-run
 file, ``random_states_0.pkl``, is there (accelerate writes it after the weights, optimizers and
@@ -51,6 +53,7 @@ SAFE_WEIGHTS_INDEX_NAME = f"{SAFE_WEIGHTS_NAME}.index.json"
 
 # accel's extras
 MARKER = "accel_checkpoint.json"
+DCP_INDEX = ".accel_chunks"
 FORMAT_VERSION = 2
 PROCESS_NAME = "accel_process"
 CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)$")
