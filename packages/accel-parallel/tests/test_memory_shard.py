@@ -1,7 +1,7 @@
-"""FSDP2's sharding made by index in the traced estimate (`_memory_shard`): the chunks are
-torch.chunk's, and the estimate is the one made with torch's own chunking, to the byte, at
-world sizes that pad (a dim shorter than the world, a last shard short) and with a tensor
-split."""
+"""The traced estimate's two shortcuts against torch's own code, to the byte: FSDP2's
+shards made by index (`_memory_shard`: the chunks are torch.chunk's) and the trackers' peak
+update over the running modules only (`_memory_trace._ActiveOnly`), at world sizes that pad
+(a dim shorter than the world, a last shard short) and with a tensor split."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 
 from accel_parallel import ParallelismConfig
 from accel_parallel import _memory_shard as shard
+from accel_parallel import _memory_trace as trace
 from accel_parallel.memory import estimate_training_memory
 
 
@@ -44,6 +45,12 @@ def test_chunks_are_torch_chunk_padded() -> None:
                     assert got[i].storage_offset() == want[i].storage_offset()
 
 
+def _torch_trackers(monkeypatch) -> None:
+    """torch's own trackers in place of `_ActiveOnly`'s subclasses, for the duration."""
+    ours = trace._tracker
+    monkeypatch.setattr(trace, "_tracker", lambda kind: ours(kind).__bases__[1])
+
+
 def _rows(world_size: int, tp: int = 1) -> list[dict]:
     rows = estimate_training_memory(
         tiny_llama, world_size=world_size, batch_size=2, seq_len=16, engines=["fsdp2"],
@@ -55,9 +62,20 @@ def _rows(world_size: int, tp: int = 1) -> list[dict]:
 
 @pytest.mark.needs("transformers")
 @pytest.mark.parametrize(("world_size", "tp"), [(8, 1), (64, 1), (256, 1), (32, 2)])
-def test_estimate_equals_torch_chunking(monkeypatch, world_size: int, tp: int) -> None:
-    """The estimate with shards made by index equals, to the byte, the one traced with
-    torch's own chunking (one chunk per rank)."""
+def test_estimate_equals_torch_code(monkeypatch, world_size: int, tp: int) -> None:
+    """The estimate equals, to the byte, the one traced with torch's own chunking (one chunk
+    per rank) and torch's own trackers."""
     fast = _rows(world_size, tp)
     monkeypatch.setattr(shard, "sharding_by_index", contextlib.nullcontext)
+    _torch_trackers(monkeypatch)
     assert _rows(world_size, tp) == fast
+
+
+@pytest.mark.needs("transformers")
+def test_plain_rows_equal_torch_trackers(monkeypatch) -> None:
+    """DDP and ZeRO rows (the plain model's trace) equal those of torch's own tracker."""
+    kw = {"world_size": 4, "batch_size": 2, "seq_len": 16, "engines": ["ddp", "zero3"],
+          "offload": [False], "extrapolate": False, "mixed_precision": "bf16"}  # fmt: skip
+    fast = [r.as_row() for r in estimate_training_memory(tiny_llama, **kw)]
+    _torch_trackers(monkeypatch)
+    assert [r.as_row() for r in estimate_training_memory(tiny_llama, **kw)] == fast
