@@ -3,12 +3,13 @@
 `fully_shard` splits each parameter into one chunk per rank (`torch.chunk`, padded with empty
 tensors to the world size) and keeps the chunk of its own rank and the size of chunk 0 (the
 padded size every rank all-gathers). Under a fake process group of N ranks that is N fake
-views per parameter, twice, and it dominates the traced estimate: 8 layers of a small Llama
-take 12 of 14 s at N = 1024. While `sharding_by_index` is active, FSDP2 gets a sequence that
-makes a chunk only when indexed: the same narrow view of the same rows (`torch.chunk`'s rule:
-ceil(dim / N) rows per chunk, the last ones short or empty), so the traced step, and the
-estimate, are the same to the byte (tests/test_memory.py compares them with torch's own
-chunking); only the cost no longer grows with N.
+views per parameter, twice, and it dominated the traced estimate: a 2-layer Llama spent
+12 s of the 14 s of its two FSDP2 traces there at N = 1024. While `sharding_by_index` is
+active, FSDP2 gets a sequence that makes a chunk only when indexed: the same narrow view of
+the same rows (`torch.chunk`'s rule: ceil(dim / N) rows per chunk, the last ones short or
+empty), so the traced step, and the estimate, are the same to the byte
+(tests/test_memory_shard.py compares them with torch's own chunking); only the cost no
+longer grows with N.
 """
 
 from __future__ import annotations
