@@ -29,6 +29,9 @@ create_default_local_save_plan makes of DTensors):
   Accelerator with log_step_metrics over a fake process group of N: calls with and without).
 - `estimate_memory`: the real `accel estimate-memory` command (accel_cli.main) for a
   Llama-3-8B config.json at --num_processes N.
+- `estimate_memory_train`: the same with `--train` (every engine's row: FSDP2 traced over a fake
+  process group of N, each parameter's shard made alone; DDP and ZeRO by their rules): its
+  wall time, and FSDP2's peak in the note.
 
 - `save_fsdp2_dcp_optimizer`: the optimizer's folder (Adam's two moments per parameter, a
   0-d step each): accel's coordinator, torch's DefaultSavePlanner in the note.
@@ -432,6 +435,25 @@ def estimate_memory(n: int) -> dict[str, Any]:
     }
 
 
+def estimate_memory_train(n: int) -> dict[str, Any]:
+    from accel_cli.main import main
+
+    argv = ["estimate-memory", "", "--train", "--num_processes", str(n), "--json"]
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "config.json").write_text(json.dumps(LLAMA3_8B))
+        argv[1] = folder
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            seconds, code = _timed(lambda: main(argv))
+    rows = json.loads(out.getvalue())
+    fsdp2 = next(r for r in rows if r["engine"] == "fsdp2" and not r["offload"])
+    return {
+        "coordinator_s": seconds,
+        "note": f"exit {code}; {len(rows)} rows; FSDP2 fp32 AdamW batch 1 "
+        f"{fsdp2['peak_bytes'] / 2**30:.2f} GiB per process ({fsdp2['method']})",
+    }
+
+
 PATHS: dict[str, Callable[[int], dict[str, Any]]] = {
     "save_fsdp2_dcp": save_fsdp2_dcp,
     "save_fsdp2_dcp_torch": save_fsdp2_dcp_torch,
@@ -443,6 +465,7 @@ PATHS: dict[str, Callable[[int], dict[str, Any]]] = {
     "data_position": data_position,
     "step_metrics": step_metrics,
     "estimate_memory": estimate_memory,
+    "estimate_memory_train": estimate_memory_train,
 }
 # The default sweep stays within ~3 minutes here: the FSDP2 paths stop at 512 (building and
 # planning 4096 x 291 items takes minutes; torch's quadratic validation more). With

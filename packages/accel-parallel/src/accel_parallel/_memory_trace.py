@@ -300,6 +300,44 @@ class _CollectiveBytes(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class _ActiveOnly:
+    """A tracker whose per-operation peak update visits only the modules running now.
+
+    torch's trackers look at every module tracked so far, through a weak dictionary, after
+    each operation, to update the peaks of those running: O(operations x modules), most of a
+    32-layer model's trace. The update is torch's own, given only the tracked modules whose
+    name is among the running ones (the others it would skip), so the peaks are the same.
+    """
+
+    _by_name: dict[str, list[tuple[Any, Any]]] | None = None
+
+    def reset_mod_stats(self) -> None:
+        super().reset_mod_stats()  # type: ignore[misc]
+        self._by_name = None
+
+    def _update_peak_stats(self, peak_state: Any) -> None:
+        tracking = self.memory_tracking  # type: ignore[attr-defined]
+        if self._by_name is None or self._count != len(tracking):
+            self._by_name, self._count = {}, len(tracking)
+            for module, stats in tracking.items():
+                self._by_name.setdefault(stats.mod_fqn, []).append((module, stats))
+        running = self._mod_tracker.parents  # type: ignore[attr-defined]
+        self.memory_tracking = {m: s for name in running for m, s in self._by_name.get(name, ())}
+        try:
+            super()._update_peak_stats(peak_state)  # type: ignore[misc]
+        finally:
+            self.memory_tracking = tracking
+
+
+def _tracker(kind: str) -> type:
+    """torch's FSDPMemTracker ("fsdp") or MemTracker, with `_ActiveOnly`'s peak update."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    base = FSDPMemTracker if kind == "fsdp" else MemTracker
+    return type(f"ActiveOnly{base.__name__}", (_ActiveOnly, base), {})
+
+
 def run_traced(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -310,15 +348,12 @@ def run_traced(
 ) -> Traced:
     """Two steps under the tracker (the first makes the optimizer states); what the second
     recorded (`train_step`, with `loss_fn`). A failure names the module."""
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-    from torch.distributed._tools.mem_tracker import MemTracker
-
     tensors = [t for t in torch.utils._pytree.tree_leaves(batch) if isinstance(t, torch.Tensor)]
     if fsdp:
-        tracker: Any = FSDPMemTracker(model, optimizer)
+        tracker: Any = _tracker("fsdp")(model, optimizer)
         tracker.track_inputs(tuple(tensors))
     else:
-        tracker = MemTracker()
+        tracker = _tracker("plain")()
         tracker.track_external(model, optimizer, *tensors)
     collectives = _CollectiveBytes()
     with _where(model) as stack:

@@ -27,6 +27,7 @@ from torch import nn
 
 from accel_parallel import _memory_engines as rules
 from accel_parallel import _memory_repeat as repeat
+from accel_parallel import _memory_shard as shard
 from accel_parallel import _memory_trace as trace
 
 __all__ = [
@@ -242,8 +243,10 @@ class _Tracer:
             model = trace.fake_model(self.template(), mode, dtype)
         if strategy is not None:
             # outside fake mode, as `prepare` applies it: the parameters are fake, so their
-            # shards are too, while the meshes (FSDP2's dp x tp one included) are real
-            strategy.parallelize(model)
+            # shards are too, while the meshes (FSDP2's dp x tp one included) are real; each
+            # parameter's shard made alone, not one chunk per rank (see `_memory_shard`)
+            with shard.sharding_by_index():
+                strategy.parallelize(model)
         with mode:
             if strategy is None and ac:
                 apply_activation_checkpointing(model, fsdp_units(model, plugin))
