@@ -27,7 +27,7 @@ GUARD = 60  # seconds: torch import in both ranks, a 2 s timeout, the grace for 
 
 def test_public_names() -> None:
     assert hang.__all__ == [
-        "DIAGNOSIS_FILE", "HANG_EXIT_CODE", "REPORT_DIR_NAME", "CollectiveRecord",
+        "COLLECTED_FILE", "DIAGNOSIS_FILE", "HANG_EXIT_CODE", "REPORT_DIR_NAME", "CollectiveRecord",
         "CollectiveRing", "HangDoctor", "active_doctor", "brief", "diagnose", "load_reports",
         "process_group_store", "report_path", "where_in_stack",
     ]  # fmt: skip
