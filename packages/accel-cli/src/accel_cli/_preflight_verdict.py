@@ -17,6 +17,7 @@ from importlib import metadata
 from typing import Any
 
 from accel_cli._launch_config import LaunchConfig
+from accel_state.hosts import ranges as hosts_ranges
 
 # How many hosts, ranks or values a message names before it says "and N more".
 SHOWN = 4
@@ -94,21 +95,8 @@ def few(items: Sequence[str], total: int | None = None, most: int = SHOWN) -> st
 
 
 def ranges(numbers: Sequence[int], most: int = 2 * SHOWN) -> str:
-    """Sorted distinct numbers as runs: "0-5, 8, 9, 12-15" (runs of three or more as a range),
-    the first `most` runs, then "and K more"."""
-    runs: list[list[int]] = []
-    for n in sorted(set(numbers)):
-        if runs and n == runs[-1][1] + 1:
-            runs[-1][1] = n
-        else:
-            runs.append([n, n])
-    parts: list[str] = []
-    for first, last in runs:
-        if last - first >= 2:
-            parts.append(f"{first}-{last}")
-        else:
-            parts.extend(str(n) for n in range(first, last + 1))
-    return few(parts, most=most)
+    """Machine ranks as runs ("0-5, 8, 9, 12-15"): accel_state.hosts's rule, 8 runs at most."""
+    return hosts_ranges(numbers, most)
 
 
 def verdict(

@@ -29,6 +29,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from accel_state.hosts import ranges
+
 REPORT_DIR_NAME = "hang_report"
 DIAGNOSIS_FILE = "diagnosis.txt"
 # Up to this many ranks a headline names each on its own; more are grouped by place.
@@ -123,24 +125,8 @@ def _first_divergence(
 
 
 def rank_list(ranks: list[int] | set[int], most: int = 8) -> str:
-    """ "rank 5", "ranks 2, 3", "ranks 0-8183, 8192-16383": sorted, runs of three or more as
-    ranges, the first `most` runs and how many ranks more."""
-    runs: list[list[int]] = []
-    for rank in sorted(set(ranks)):
-        if runs and rank == runs[-1][1] + 1:
-            runs[-1][1] = rank
-        else:
-            runs.append([rank, rank])
-    parts: list[str] = []
-    for first, last in runs:
-        if last - first >= 2:
-            parts.append(f"{first}-{last}")
-        else:
-            parts.extend(str(r) for r in range(first, last + 1))
-    text = ", ".join(parts[:most])
-    if len(parts) > most:
-        text += f" and {len(parts) - most} more"
-    return f"{'rank' if len(set(ranks)) == 1 else 'ranks'} {text}"
+    """ "rank 5", "ranks 2, 3", "ranks 0-8183, 8192-16383": `hosts.ranges` with its noun."""
+    return f"{'rank' if len(set(ranks)) == 1 else 'ranks'} {ranges(ranks, most)}"
 
 
 def _grouped(places: Mapping[int, str]) -> str:

@@ -30,6 +30,7 @@ __all__ = [
     "interface_of",
     "interfaces",
     "probe",
+    "ranges",
     "resolve_address",
     "socket_interface_env",
     "source_address",
@@ -142,3 +143,22 @@ def probe(addresses: list[str]) -> dict[str, str]:
         return {}
     with concurrent.futures.ThreadPoolExecutor(len(addresses)) as pool:
         return dict(zip(addresses, pool.map(_answers, addresses)))
+
+
+def ranges(numbers: Sequence[int], most: int = 8) -> str:
+    """Ranks (or machine ranks) for a message about many hosts: sorted and distinct, runs of
+    three or more as a range ("0-5, 8, 9, 12-15"), the first `most` runs, then "and K more"."""
+    runs: list[list[int]] = []
+    for n in sorted(set(numbers)):
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    parts: list[str] = []
+    for first, last in runs:
+        if last - first >= 2:
+            parts.append(f"{first}-{last}")
+        else:
+            parts.extend(str(n) for n in range(first, last + 1))
+    text = ", ".join(parts[:most])
+    return text if len(parts) <= most else f"{text} and {len(parts) - most} more"
